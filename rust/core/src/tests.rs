@@ -1,0 +1,186 @@
+use super::*;
+use crate::invariants::check_plan;
+use proptest::prelude::*;
+
+fn parts(plan: &Plan, with_token_to_seq: bool) -> (Vec<i64>, Vec<i64>, Vec<i64>, Vec<i64>) {
+    let layout = plan.layout(with_token_to_seq);
+    let mut buf = vec![0; layout.len()];
+    plan.fill(&mut buf, with_token_to_seq).unwrap();
+    let (g, rest) = buf.split_at(layout.gather);
+    let (s, rest) = rest.split_at(layout.sample);
+    let (l, t) = rest.split_at(layout.input_logprob);
+    (g.to_vec(), s.to_vec(), l.to_vec(), t.to_vec())
+}
+
+#[test]
+fn seed_example_from_sglang() {
+    // extend [4, 5, 6], start [0, 5, 3] over rows t00..t03, t10..t14, t20..t25.
+    let plan = Plan::new(&[4, 5, 6], &[0, 5, 3]).unwrap();
+    let (gather, sample, input_logprob, token_to_seq) = parts(&plan, true);
+    assert_eq!(gather, [0, 1, 2, 3, 8, 12, 13, 14]); // t00 t01 t02 t03 t14 t23 t24 t25
+    assert_eq!(sample, [3, 4, 7]);
+    assert_eq!(input_logprob, [0, 1, 2, 3, 5, 6, 7]);
+    assert_eq!(token_to_seq, [0, 0, 0, 0, 1, 2, 2, 2]);
+    assert_eq!(
+        (
+            plan.num_tokens(),
+            plan.num_pruned(),
+            plan.num_input_logprob()
+        ),
+        (15, 8, 7)
+    );
+}
+
+#[test]
+fn chunk_with_start_equal_extend_keeps_only_its_last_row() {
+    let plan = Plan::new(&[3, 1], &[3, 1]).unwrap();
+    let (gather, sample, input_logprob, token_to_seq) = parts(&plan, true);
+    assert_eq!(gather, [2, 3]);
+    assert_eq!(sample, [0, 1]);
+    assert!(input_logprob.is_empty());
+    assert_eq!(token_to_seq, [0, 1]);
+}
+
+#[test]
+fn start_zero_keeps_every_row() {
+    let plan = Plan::new(&[2, 3], &[0, 0]).unwrap();
+    let (gather, sample, input_logprob, _) = parts(&plan, false);
+    assert_eq!(gather, [0, 1, 2, 3, 4]);
+    assert_eq!(sample, [1, 4]);
+    assert_eq!(input_logprob, [0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn fill_without_token_to_seq_leaves_the_tail_alone() {
+    let plan = Plan::new(&[2], &[0]).unwrap();
+    let mut buf = vec![-7; 10];
+    plan.fill(&mut buf, false).unwrap();
+    assert_eq!(buf, [0, 1, 1, 0, 1, -7, -7, -7, -7, -7]);
+}
+
+#[test]
+fn rejects_bad_metadata_naming_the_request() {
+    let cases: [(&[i64], &[i64], PlanError); 6] = [
+        (
+            &[1, 2],
+            &[0],
+            PlanError::LengthMismatch {
+                extend: 2,
+                start: 1,
+            },
+        ),
+        (&[], &[], PlanError::EmptyBatch),
+        (
+            &[4, -1],
+            &[0, 0],
+            PlanError::Negative {
+                field: Field::ExtendSeqLens,
+                request: 1,
+                value: -1,
+            },
+        ),
+        (
+            &[4, 2],
+            &[0, -3],
+            PlanError::Negative {
+                field: Field::ExtendLogprobStartLens,
+                request: 1,
+                value: -3,
+            },
+        ),
+        (&[4, 0, 1], &[0, 0, 0], PlanError::ZeroExtend { request: 1 }),
+        (
+            &[4, 5, 6],
+            &[0, 6, 3],
+            PlanError::StartPastExtend {
+                request: 1,
+                start: 6,
+                extend: 5,
+            },
+        ),
+    ];
+    for (extend, start, want) in cases {
+        assert_eq!(Plan::new(extend, start).unwrap_err(), want);
+    }
+    let err = Plan::new(&[4, 5, 6], &[0, 6, 3]).unwrap_err();
+    assert_eq!(err.request(), Some(1));
+    assert_eq!(
+        err.to_string(),
+        "request 1: extend_logprob_start_lens[1] = 6 exceeds extend_seq_lens[1] = 5"
+    );
+}
+
+#[test]
+fn rejects_token_counts_past_the_limit_without_wrapping() {
+    let err = Plan::new(&[MAX_TOKENS, 1], &[0, 0]).unwrap_err();
+    assert_eq!(
+        err,
+        PlanError::TooManyTokens {
+            request: 1,
+            extend: 1,
+            total: MAX_TOKENS + 1
+        }
+    );
+    let err = Plan::new(&[5, i64::MAX], &[0, 0]).unwrap_err();
+    assert_eq!(
+        err,
+        PlanError::TooManyTokens {
+            request: 1,
+            extend: i64::MAX,
+            total: i64::MAX
+        }
+    );
+    assert!(Plan::new(&[MAX_TOKENS], &[MAX_TOKENS]).is_ok());
+}
+
+#[test]
+fn row_check_and_short_buffers_are_errors() {
+    let plan = Plan::new(&[4, 5, 6], &[0, 5, 3]).unwrap();
+    assert!(plan.check_rows(15).is_ok());
+    assert_eq!(
+        plan.check_rows(16),
+        Err(PlanError::RowMismatch {
+            tokens: 15,
+            rows: 16
+        })
+    );
+    let mut short = vec![0; plan.layout(true).len() - 1];
+    assert_eq!(
+        plan.fill(&mut short, true),
+        Err(PlanError::BufferTooSmall {
+            needed: 26,
+            got: 25
+        })
+    );
+}
+
+fn batch() -> impl Strategy<Value = (Vec<i64>, Vec<i64>)> {
+    prop::collection::vec(
+        (1i64..600).prop_flat_map(|e| {
+            // Weight the edges: start 0, start == extend, anything between.
+            (Just(e), prop_oneof![Just(0), Just(e), 0..=e])
+        }),
+        1..300,
+    )
+    .prop_map(|pairs| pairs.into_iter().unzip())
+}
+
+proptest! {
+    #[test]
+    fn every_accepted_batch_meets_the_contract((extend, start) in batch()) {
+        let plan = Plan::new(&extend, &start).unwrap();
+        prop_assert_eq!(plan.num_tokens() as i64, extend.iter().sum::<i64>());
+        check_plan(&plan, &extend, &start).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn arbitrary_lengths_are_accepted_or_rejected_never_panic(
+        extend in prop::collection::vec(any::<i64>(), 0..8),
+        start in prop::collection::vec(any::<i64>(), 0..8),
+    ) {
+        if let Ok(plan) = Plan::new(&extend, &start) {
+            prop_assume!(plan.num_tokens() < 1 << 20);
+            check_plan(&plan, &extend, &start).map_err(TestCaseError::fail)?;
+        }
+    }
+}
