@@ -1,0 +1,111 @@
+"""Run a callback right after a named module has been imported.
+
+A finder placed first on ``sys.meta_path`` asks the other finders for the
+module's spec and wraps its loader, so that the callback runs on the fresh
+module once its code has executed, before the importer gets it back. Nothing
+is imported early, and a module that is already imported gets the callback at
+once. Used for the modules of SGLang that cannot (or need not) be imported
+when flatgather is installed, such as 0.5.10's ``eagle_worker_v2``, which
+needs the GPU-only ``sgl_kernel``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+
+log = logging.getLogger("flatgather")
+
+Callback = Callable[[ModuleType], None]
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader, finder: _Finder) -> None:
+        self._inner = inner
+        self._finder = finder
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The real loader belongs on the module, for reloads and resources.
+        module.__loader__ = self._inner
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._inner
+        self._inner.exec_module(module)
+        self._finder.fire(module)
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self) -> None:
+        self._callbacks: dict[str, list[Callback]] = {}
+        self._lock = threading.RLock()
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self._callbacks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _Loader(spec.loader, self)
+        return spec
+
+    def add(self, name: str, callback: Callback) -> None:
+        with self._lock:
+            self._callbacks.setdefault(name, []).append(callback)
+
+    def remove(self, name: str, callback: Callback) -> None:
+        with self._lock:
+            callbacks = self._callbacks.get(name, [])
+            if callback in callbacks:
+                callbacks.remove(callback)
+            if not callbacks:
+                self._callbacks.pop(name, None)
+
+    def fire(self, module: ModuleType) -> None:
+        with self._lock:
+            callbacks = list(self._callbacks.get(module.__name__, ()))
+        for callback in callbacks:
+            try:
+                callback(module)
+            except Exception:
+                # A failed patch must not fail the import it rides on.
+                log.exception("flatgather: post-import hook for %s failed", module.__name__)
+
+
+_finder = _Finder()
+
+
+def _ensure_installed() -> None:
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def when_imported(name: str, callback: Callback) -> None:
+    """Call ``callback(module)`` once ``name`` is imported: now if it already
+    is (exceptions then propagate), else right after its import."""
+    module = sys.modules.get(name)
+    if module is not None:
+        callback(module)
+        return
+    _ensure_installed()
+    _finder.add(name, callback)
+
+
+def cancel(name: str, callback: Callback) -> None:
+    """Forget a callback registered with :func:`when_imported`."""
+    _finder.remove(name, callback)

@@ -1,0 +1,59 @@
+"""Attribute patches applied all together or not at all."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+_MISSING = object()
+
+
+@dataclass
+class Patch:
+    """``setattr(target, name, new)``, remembering the raw attribute it
+    replaced (from ``vars(target)``, so a restored class attribute is the very
+    object that was there, descriptor and all)."""
+
+    target: Any
+    name: str
+    new: Any
+    original: Any = field(default=_MISSING, repr=False)
+
+    @property
+    def where(self) -> str:
+        owner = getattr(self.target, "__qualname__", None) or getattr(self.target, "__name__", "?")
+        module = getattr(self.target, "__module__", None)
+        prefix = f"{module}." if module and isinstance(self.target, type) else ""
+        return f"{prefix}{owner}.{self.name}"
+
+    def apply(self) -> None:
+        self.original = vars(self.target).get(self.name, _MISSING)
+        setattr(self.target, self.name, self.new)
+
+    def revert(self) -> None:
+        if self.original is _MISSING:
+            if self.name in vars(self.target):
+                delattr(self.target, self.name)
+        else:
+            setattr(self.target, self.name, self.original)
+
+
+def apply_all(patches: Sequence[Patch]) -> list[Patch]:
+    """Apply every patch, or, if one fails, revert those already applied and
+    re-raise: the targets are then exactly as they were."""
+    applied: list[Patch] = []
+    try:
+        for patch in patches:
+            patch.apply()
+            applied.append(patch)
+    except BaseException:
+        revert_all(applied)
+        raise
+    return applied
+
+
+def revert_all(patches: Sequence[Patch]) -> None:
+    """Revert in reverse order of application."""
+    for patch in reversed(patches):
+        patch.revert()
