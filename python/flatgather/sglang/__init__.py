@@ -1,9 +1,11 @@
 """Put flatgather under an unmodified SGLang.
 
 >>> from flatgather import sglang as fg_sglang
->>> fg_sglang.install()          # doctest: +SKIP
-InstallReport(release='0.5.23', patched=('sglang.srt.layers.logits_processor.LogitsProcessor._get_pruned_states',), pending=())
->>> fg_sglang.uninstall()        # doctest: +SKIP
+>>> report = fg_sglang.install()   # doctest: +SKIP
+>>> report.release, report.patched   # doctest: +SKIP
+('0.5.23', ('sglang.srt.layers.logits_processor.LogitsProcessor._get_pruned_states',))
+>>> fg_sglang.uninstall()           # doctest: +SKIP
+True
 
 ``install()`` replaces ``LogitsProcessor._get_pruned_states`` by one that
 returns exactly what the installed release's own returns, building the index
@@ -110,16 +112,16 @@ def install(force: bool = False) -> InstallReport:
         if _state is not None:
             return _state.report()
         contract = contract_for(sglang_release(), force=force)
-        state = _Installed(contract)
+        state = _state = _Installed(contract)
         try:
             state.patches.extend(apply_all([_logits_processor_patch(contract)]))
             if "draft-prefill-no-logprob" in contract.backports:
                 _defer(state, _draft_prefill.MODULE, _draft_prefill.patches)
         except BaseException:
+            _state = None
             _cancel_pending(state)
             revert_all(state.patches)
             raise
-        _state = state
         return state.report()
 
 

@@ -1,0 +1,59 @@
+"""aten ops dispatched per call: the stock logprob branch grows with the
+batch (about 4 per request); the installed one does not (at most L + 4 for
+L aux layers, before-norm states included)."""
+
+from __future__ import annotations
+
+import flatgather.sglang
+import pytest
+import torch
+from _sglang import PACKED_AUX, PRUNES_AUX, metadata, pruned_states
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class CountOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+
+
+def count(batch, layers, packed=False, before_norm=True):
+    extend = [16] * batch
+    start = [i % 17 for i in range(batch)]  # start 0 .. 16 == extend: every kind
+    rows = sum(extend)
+    h = torch.randn(rows, 8)
+    b = torch.randn(rows, 8) if before_norm else None
+    if packed:
+        aux = torch.randn(rows, 8 * layers)
+    else:
+        aux = [torch.randn(rows, 8) for _ in range(layers)] if layers else None
+    md = metadata(extend, start)
+    with CountOps() as counter:
+        pruned_states(h, b, aux, md)
+    return counter.ops
+
+
+@pytest.mark.parametrize("batch", [1, 16, 256, 1024])
+@pytest.mark.parametrize("layers", [0, 3])
+def test_installed_op_count_does_not_grow_with_batch(batch, layers):
+    stock = count(batch, layers)
+    flatgather.sglang.install()
+    ours = count(batch, layers)
+    assert len(ours) <= layers + 4, ours
+    assert ours.count("index_select") == layers + 2
+    # The stock loop slices every tensor it prunes once per request (0.5.10
+    # drops the aux layers instead of pruning them).
+    assert len(stock) >= batch * ((layers if PRUNES_AUX else 0) + 2)
+
+
+@pytest.mark.skipif(not PACKED_AUX, reason="packed aux is 0.5.23's")
+@pytest.mark.parametrize("batch", [1, 256])
+def test_packed_aux_is_one_index_select(batch):
+    flatgather.sglang.install()
+    ours = count(batch, 3, packed=True)
+    assert ours.count("index_select") == 3
+    assert len(ours) <= 5
