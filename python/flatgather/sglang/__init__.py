@@ -32,7 +32,11 @@ from flatgather.sglang._contracts import (
     sglang_release,
 )
 from flatgather.sglang._patching import Patch, apply_all, revert_all
-from flatgather.sglang._pruned_states import make_pruned_states
+from flatgather.sglang._pruned_states import (
+    make_forward,
+    make_hidden_states_to_store,
+    make_pruned_states,
+)
 
 __all__ = [
     "SUPPORTED_RELEASES",
@@ -77,11 +81,27 @@ _lock = threading.RLock()
 _state: _Installed | None = None
 
 
-def _logits_processor_patch(contract: Contract) -> Patch:
+def _logits_processor_patches(contract: Contract, lazy_aux: bool) -> list[Patch]:
     module = importlib.import_module(LOGITS_PROCESSOR)
     cls = module.LogitsProcessor
-    original = vars(cls)["_get_pruned_states"]
-    return Patch(cls, "_get_pruned_states", make_pruned_states(original, contract))
+    raw = vars(cls)
+    patches = [
+        Patch(
+            cls,
+            "_get_pruned_states",
+            make_pruned_states(raw["_get_pruned_states"], contract, lazy_aux),
+        )
+    ]
+    if lazy_aux:
+        patches += [
+            Patch(
+                cls,
+                "_get_hidden_states_to_store",
+                make_hidden_states_to_store(raw["_get_hidden_states_to_store"]),
+            ),
+            Patch(cls, "forward", make_forward(raw["forward"])),
+        ]
+    return patches
 
 
 def _defer(state: _Installed, module_name: str, make_patches) -> None:
@@ -100,12 +120,16 @@ def _defer(state: _Installed, module_name: str, make_patches) -> None:
     _import_hooks.when_imported(module_name, on_import)
 
 
-def install(force: bool = False) -> InstallReport:
-    """Patch the installed SGLang; idempotent.
+def install(force: bool = False, lazy_aux: bool = True) -> InstallReport:
+    """Patch the installed SGLang; idempotent (a second call changes nothing
+    and returns the first call's report).
 
     Refuses (:class:`UnsupportedRelease`) a release other than those in
-    ``SUPPORTED_RELEASES`` unless ``force``. Either every patch is applied or,
-    if one fails, none is left behind and the error propagates.
+    ``SUPPORTED_RELEASES`` unless ``force``. With ``lazy_aux`` (the default),
+    ``LogitsProcessor.forward`` gathers from the EAGLE3 aux layers only the
+    rows it stores (see ``flatgather.sglang._pruned_states``); its outputs are
+    unchanged. Either every patch is applied or, if one fails, none is left
+    behind and the error propagates.
     """
     global _state
     with _lock:
@@ -114,7 +138,7 @@ def install(force: bool = False) -> InstallReport:
         contract = contract_for(sglang_release(), force=force)
         state = _state = _Installed(contract)
         try:
-            state.patches.extend(apply_all([_logits_processor_patch(contract)]))
+            state.patches.extend(apply_all(_logits_processor_patches(contract, lazy_aux)))
             if "draft-prefill-no-logprob" in contract.backports:
                 _defer(state, _draft_prefill.MODULE, _draft_prefill.patches)
         except BaseException:

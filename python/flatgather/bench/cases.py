@@ -1,0 +1,215 @@
+"""What the benchmark runs: the grid of shapes, their inputs, and the four
+ways of computing the same pruned states."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    mean_extend: int
+    hidden: int
+    dtype: str
+    layers: int
+    aux: str
+    """"none", "list" (one tensor per layer) or "packed" (one tensor)."""
+
+    @property
+    def family(self) -> str:
+        aux = "no aux" if self.aux == "none" else f"{self.layers} aux {self.aux}"
+        return f"h{self.hidden} {self.dtype} {aux} ext~{self.mean_extend}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Grid:
+    batches: tuple[int, ...]
+    mean_extends: tuple[int, ...]
+    hiddens: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    aux: tuple[tuple[int, str], ...]
+    max_tokens: int
+    samples: int
+    warmup_s: float
+    sample_s: float
+
+    def shapes(self, packed_supported: bool) -> list[Shape]:
+        aux = [a for a in self.aux if a[1] != "packed" or packed_supported]
+        return [
+            Shape(b, m, h, d, layers, kind)
+            for (h, d, (layers, kind), m, b) in itertools.product(
+                self.hiddens, self.dtypes, aux, self.mean_extends, self.batches
+            )
+        ]
+
+
+GRIDS = {
+    "quick": Grid(
+        batches=(1, 64, 256),
+        mean_extends=(16,),
+        hiddens=(1024,),
+        dtypes=("bf16",),
+        aux=((0, "none"), (3, "list")),
+        max_tokens=16384,
+        samples=5,
+        warmup_s=0.02,
+        sample_s=0.005,
+    ),
+    "default": Grid(
+        batches=(1, 8, 64, 256, 1024),
+        mean_extends=(16, 256),
+        hiddens=(1024,),
+        dtypes=("bf16",),
+        aux=((0, "none"), (3, "list"), (3, "packed")),
+        max_tokens=32768,
+        samples=10,
+        warmup_s=0.05,
+        sample_s=0.01,
+    ),
+    "full": Grid(
+        batches=(1, 8, 64, 256, 1024),
+        mean_extends=(16, 128, 512, 2048),
+        hiddens=(1024, 4096),
+        dtypes=("bf16", "fp32"),
+        aux=((0, "none"), (3, "list"), (3, "packed")),
+        max_tokens=65536,
+        samples=15,
+        warmup_s=0.1,
+        sample_s=0.02,
+    ),
+}
+
+MAX_INPUT_BYTES = 3 << 30
+"""Token budgets are cut further so no shape holds more than this in inputs."""
+
+
+def lengths(shape: Shape, max_tokens: int) -> tuple[list[int], list[int]]:
+    """A serving-like batch: extend lengths uniform around the mean, a
+    quarter of the requests chunked-prefill chunks (start == extend), a
+    quarter scored from their first token, the rest from a random start.
+    Scaled down to the token budget, as a scheduler's budget would."""
+    rng = np.random.default_rng([shape.batch, shape.mean_extend])
+    extend = rng.integers(1, 2 * shape.mean_extend, size=shape.batch, endpoint=False)
+    row_bytes = shape.hidden * (1 + shape.layers) * torch.finfo(DTYPES[shape.dtype]).bits // 8
+    budget = min(max_tokens, MAX_INPUT_BYTES // row_bytes)
+    if extend.sum() > budget:
+        extend = np.maximum(1, (extend * (budget / extend.sum())).astype(np.int64))
+    kind = rng.integers(0, 4, size=shape.batch)
+    start = np.where(kind == 0, extend, np.where(kind == 1, 0, rng.integers(0, extend)))
+    return extend.tolist(), start.tolist()
+
+
+@dataclass
+class Inputs:
+    extend: list[int]
+    start: list[int]
+    hidden: torch.Tensor
+    aux: list[torch.Tensor] | torch.Tensor | None
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.extend)
+
+
+def make_inputs(shape: Shape, max_tokens: int, device: torch.device) -> Inputs:
+    extend, start = lengths(shape, max_tokens)
+    rows = sum(extend)
+    gen = torch.Generator().manual_seed(shape.batch)
+    dtype = DTYPES[shape.dtype]
+
+    def tensor(width: int) -> torch.Tensor:
+        return torch.randn(rows, width, generator=gen).to(dtype=dtype, device=device)
+
+    hidden = tensor(shape.hidden)
+    if shape.aux == "list":
+        aux = [tensor(shape.hidden) for _ in range(shape.layers)]
+    elif shape.aux == "packed":
+        aux = tensor(shape.hidden * shape.layers)
+    else:
+        aux = None
+    return Inputs(extend, start, hidden, aux)
+
+
+def numpy_indices(extend, start) -> tuple[np.ndarray, int, int, np.ndarray]:
+    """The anchor: every index set with vectorised NumPy (the way vLLM's v1
+    worker builds batch metadata). Returns ``gather | sample |
+    input_logprob`` in one array, the two lengths, and ``token_to_seq``."""
+    e = np.asarray(extend, dtype=np.int64)
+    s = np.asarray(start, dtype=np.int64)
+    first = np.where(s == e, e - 1, s)
+    kept = e - first
+    pruned_end = np.cumsum(kept)
+    n = int(pruned_end[-1])
+    row_shift = np.repeat(np.cumsum(e) - e + first - (pruned_end - kept), kept)
+    gather = row_shift + np.arange(n)
+    sample = pruned_end - 1
+    input_logprob = np.flatnonzero(np.repeat(s < e, kept))
+    token_to_seq = np.repeat(np.arange(e.size), kept)
+    return np.concatenate([gather, sample, input_logprob]), n, input_logprob.size, token_to_seq
+
+
+def make_numpy_anchor(writes_cpu_indices: bool, trailing: bool) -> Callable:
+    """A ``_get_pruned_states`` logprob branch built on :func:`numpy_indices`
+    and one ``index_select`` per tensor, returning the release's 6-tuple."""
+
+    def pruned_states(self, hidden, before_norm, aux, md):
+        flat, n, m, token_to_seq = numpy_indices(
+            md.extend_seq_lens_cpu, md.extend_logprob_start_lens_cpu
+        )
+        b = len(md.extend_seq_lens_cpu)
+        index = torch.from_numpy(flat)
+        if hidden.device.type != "cpu":
+            index = index.pin_memory().to(hidden.device, non_blocking=True)
+        gather, sample, input_logprob = index.split_with_sizes((n, b, m))
+        pruned = hidden.index_select(0, gather)
+        pruned_before = None if before_norm is None else before_norm.index_select(0, gather)
+        if aux is None:
+            aux_pruned = None
+        elif isinstance(aux, torch.Tensor):
+            aux_pruned = aux.index_select(0, gather)
+        else:
+            aux_pruned = [layer.index_select(0, gather) for layer in aux]
+        if writes_cpu_indices:
+            md.sample_indices_cpu = flat[n : n + b].tolist()
+            md.input_logprob_indices_cpu = flat[n + b :].tolist()
+        t2s = token_to_seq.tolist()
+        if trailing:
+            t2s.append(b - 1)
+        return pruned, pruned_before, aux_pruned, sample, input_logprob, t2s
+
+    return pruned_states
+
+
+def memcpy_bound(inputs: Inputs, num_pruned: int) -> Callable[[], object]:
+    """The same bytes as the gather, copied contiguously into fresh tensors."""
+    sources = [inputs.hidden]
+    if isinstance(inputs.aux, torch.Tensor):
+        sources.append(inputs.aux)
+    elif inputs.aux is not None:
+        sources.extend(inputs.aux)
+    heads = [t[:num_pruned] for t in sources]
+
+    def copy():
+        return [t.clone() for t in heads]
+
+    return copy
+
+
+def gathered_bytes(inputs: Inputs, num_pruned: int) -> int:
+    tensors = [inputs.hidden]
+    if isinstance(inputs.aux, torch.Tensor):
+        tensors.append(inputs.aux)
+    elif inputs.aux is not None:
+        tensors.extend(inputs.aux)
+    return sum(num_pruned * t.shape[1] * t.element_size() for t in tensors)

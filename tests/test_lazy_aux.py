@@ -1,0 +1,83 @@
+"""Lazy aux pruning: inside ``LogitsProcessor.forward`` only the aux rows that
+are stored get gathered; every other caller sees the full result."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import flatgather.sglang
+
+from _forward import output_fields
+from _sglang import PACKED_AUX, PRUNES_AUX, assert_same, fixed_aux_oracle, metadata, pruned_states
+from test_forward import HIDDEN, run_forward
+
+AUX_KINDS = ["list"] + (["packed"] if PACKED_AUX else [])
+EXTEND, START = [6] * 32, [0, 3, 6, 5] * 8  # 32 requests of every kind, 192 tokens
+
+
+class RowsGathered(TorchDispatchMode):
+    """Rows selected by index_select from tensors as wide as the aux layers."""
+
+    def __init__(self, widths):
+        super().__init__()
+        self.widths, self.rows = widths, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten.index_select:
+            source, index = args[0], args[2]
+            if source.dim() == 2 and source.shape[1] in self.widths and source.shape[0] > 100:
+                self.rows += index.numel()
+        return func(*args, **(kwargs or {}))
+
+
+def aux_rows_gathered(capture, aux_kind, lazy):
+    flatgather.sglang.install(lazy_aux=lazy)
+    widths = {HIDDEN * 3} if aux_kind == "packed" else {HIDDEN}
+    args = (EXTEND, START, capture, aux_kind, 1, [0] * 32, [None] * 32, False)
+    with RowsGathered(widths) as counter:
+        out = output_fields(run_forward(*args))
+    flatgather.sglang.uninstall()
+    return counter.rows, out
+
+
+@pytest.mark.parametrize("aux_kind", AUX_KINDS)
+@pytest.mark.parametrize(("capture", "rows_per_layer"), [("LAST", 32), ("NULL", 0)])
+def test_forward_gathers_only_the_stored_aux_rows(aux_kind, capture, rows_per_layer):
+    layers = 1 if aux_kind == "packed" else 3
+    # hidden_states itself is as wide as one aux layer: its kept rows count too.
+    eager, eager_out = aux_rows_gathered(capture, aux_kind, lazy=False)
+    lazy, lazy_out = aux_rows_gathered(capture, aux_kind, lazy=True)
+    kept = flatgather.prune_plan(EXTEND, START).num_pruned
+    hidden_rows = kept if aux_kind == "list" else 0
+    assert eager == hidden_rows + layers * kept
+    assert lazy == hidden_rows + layers * rows_per_layer
+    assert_same(lazy_out, eager_out)
+
+
+@pytest.mark.parametrize("aux_kind", AUX_KINDS)
+def test_full_capture_prunes_aux_as_the_release_does(aux_kind):
+    eager, eager_out = aux_rows_gathered("FULL", aux_kind, lazy=False)
+    lazy, lazy_out = aux_rows_gathered("FULL", aux_kind, lazy=True)
+    assert lazy == eager
+    assert_same(lazy_out, eager_out)
+
+
+@pytest.mark.parametrize("aux_kind", AUX_KINDS)
+def test_callers_outside_forward_get_the_full_aux_result(aux_kind):
+    rows = sum(EXTEND)
+    h = torch.randn(rows, HIDDEN)
+    layers = [torch.randn(rows, HIDDEN) for _ in range(3)]
+    aux = layers if aux_kind == "list" else torch.cat(layers, dim=-1)
+    flatgather.sglang.uninstall()
+    expected = pruned_states(h, None, aux, metadata(EXTEND, START, "LAST"))
+    if not PRUNES_AUX:  # 0.5.10 drops them; the backport prunes them in full
+        expected = (
+            *expected[:2],
+            fixed_aux_oracle(aux, lambda: metadata(EXTEND, START)),
+            *expected[3:],
+        )
+    flatgather.sglang.install(lazy_aux=True)
+    actual = pruned_states(h, None, aux, metadata(EXTEND, START, "LAST"))
+    assert_same(actual, expected)
