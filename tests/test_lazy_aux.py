@@ -3,15 +3,13 @@ are stored get gathered; every other caller sees the full result."""
 
 from __future__ import annotations
 
+import flatgather.sglang
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-
-import flatgather.sglang
-
 from _forward import output_fields
 from _sglang import PACKED_AUX, PRUNES_AUX, assert_same, fixed_aux_oracle, metadata, pruned_states
 from test_forward import HIDDEN, run_forward
+from torch.utils._python_dispatch import TorchDispatchMode
 
 AUX_KINDS = ["list"] + (["packed"] if PACKED_AUX else [])
 EXTEND, START = [6] * 32, [0, 3, 6, 5] * 8  # 32 requests of every kind, 192 tokens
