@@ -1,0 +1,60 @@
+"""Resident memory over many calls: python benches/soak.py [CALLS]
+
+Calls prune_plan and the installed _get_pruned_states (SGLang on
+PYTHONPATH) CALLS times each (default 1,000,000) on a small batch and prints
+the resident set size before, at each tenth, and after.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * resource.getpagesize() / 2**20
+
+
+def main() -> None:
+    calls = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+    import torch
+
+    import flatgather
+    import flatgather.sglang as fs
+    from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    extend, start = [4, 5, 6, 3], [0, 5, 3, 1]
+    h = torch.randn(sum(extend), 8)
+    aux = [torch.randn(sum(extend), 8) for _ in range(3)]
+    md = LogitsMetadata(
+        forward_mode=ForwardMode.EXTEND,
+        extend_return_logprob=True,
+        extend_seq_lens_cpu=extend,
+        extend_logprob_start_lens_cpu=start,
+    )
+    fs.install()
+    fn = LogitsProcessor._get_pruned_states
+    for _ in range(10_000):  # warm caches and allocators before the baseline
+        flatgather.prune_plan(extend, start)
+        fn(None, h, None, aux, md)
+    before = rss_mib()
+    print(f"rss before: {before:.1f} MiB", flush=True)
+    t = time.perf_counter()
+    for i in range(1, calls + 1):
+        flatgather.prune_plan(extend, start)
+        fn(None, h, None, aux, md)
+        if i % (calls // 10) == 0:
+            print(f"{i:>9} calls each: rss {rss_mib():.1f} MiB", flush=True)
+    after = rss_mib()
+    print(
+        f"rss after: {after:.1f} MiB (growth {after - before:+.1f} MiB, "
+        f"{time.perf_counter() - t:.0f} s)"
+    )
+
+
+if __name__ == "__main__":
+    main()
