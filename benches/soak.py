@@ -20,10 +20,9 @@ def rss_mib() -> float:
 
 def main() -> None:
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
-    import torch
-
     import flatgather
     import flatgather.sglang as fs
+    import torch
     from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
