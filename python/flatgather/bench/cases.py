@@ -191,14 +191,16 @@ def make_numpy_anchor(writes_cpu_indices: bool, trailing: bool) -> Callable:
     return pruned_states
 
 
+def gathered_tensors(inputs: Inputs) -> list[torch.Tensor]:
+    """Every tensor the logprob branch gathers from (before-norm states aside)."""
+    if isinstance(inputs.aux, torch.Tensor):
+        return [inputs.hidden, inputs.aux]
+    return [inputs.hidden, *(inputs.aux or ())]
+
+
 def memcpy_bound(inputs: Inputs, num_pruned: int) -> Callable[[], object]:
     """The same bytes as the gather, copied contiguously into fresh tensors."""
-    sources = [inputs.hidden]
-    if isinstance(inputs.aux, torch.Tensor):
-        sources.append(inputs.aux)
-    elif inputs.aux is not None:
-        sources.extend(inputs.aux)
-    heads = [t[:num_pruned] for t in sources]
+    heads = [t[:num_pruned] for t in gathered_tensors(inputs)]
 
     def copy():
         return [t.clone() for t in heads]
@@ -207,9 +209,4 @@ def memcpy_bound(inputs: Inputs, num_pruned: int) -> Callable[[], object]:
 
 
 def gathered_bytes(inputs: Inputs, num_pruned: int) -> int:
-    tensors = [inputs.hidden]
-    if isinstance(inputs.aux, torch.Tensor):
-        tensors.append(inputs.aux)
-    elif inputs.aux is not None:
-        tensors.extend(inputs.aux)
-    return sum(num_pruned * t.shape[1] * t.element_size() for t in tensors)
+    return sum(num_pruned * t.shape[1] * t.element_size() for t in gathered_tensors(inputs))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -96,10 +96,4 @@ def contract_for(release: str | None, force: bool = False) -> Contract:
         )
     older = [c for c in CONTRACTS.values() if _version_key(c.release) <= _version_key(release)]
     base = max(older, key=lambda c: _version_key(c.release)) if older else CONTRACTS["0.5.10"]
-    return Contract(
-        release,
-        packed_aux=base.packed_aux,
-        trailing_token_to_seq=base.trailing_token_to_seq,
-        writes_cpu_indices=base.writes_cpu_indices,
-        backports=base.backports,
-    )
+    return replace(base, release=release)

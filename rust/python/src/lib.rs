@@ -73,32 +73,30 @@ fn extract_len(item: &Bound<'_, PyAny>, field: Field, request: usize) -> Result<
     })
 }
 
-fn extract_lens(obj: &Bound<'_, PyAny>, field: Field) -> PyResult<Result<Vec<i64>, CoreError>> {
-    let mut out = Vec::new();
-    if let Ok(list) = obj.cast::<PyList>() {
-        out.reserve(list.len());
-        for (i, item) in list.iter().enumerate() {
-            match extract_len(&item, field, i) {
-                Ok(v) => out.push(v),
-                Err(e) => return Ok(Err(e)),
-            }
-        }
-    } else if let Ok(tuple) = obj.cast::<PyTuple>() {
-        out.reserve(tuple.len());
-        for (i, item) in tuple.iter().enumerate() {
-            match extract_len(&item, field, i) {
-                Ok(v) => out.push(v),
-                Err(e) => return Ok(Err(e)),
-            }
-        }
-    } else {
-        let type_name = obj.get_type().name()?.to_string();
-        return Err(PlanError::new_err(format!(
-            "{} must be a list or tuple of ints (as SGLang's LogitsMetadata holds it), got {type_name}",
-            field.name()
-        )));
+fn collect_lens<'py>(
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    len: usize,
+    field: Field,
+) -> Result<Vec<i64>, CoreError> {
+    let mut out = Vec::with_capacity(len);
+    for (i, item) in items.enumerate() {
+        out.push(extract_len(&item, field, i)?);
     }
-    Ok(Ok(out))
+    Ok(out)
+}
+
+fn extract_lens(obj: &Bound<'_, PyAny>, field: Field) -> PyResult<Result<Vec<i64>, CoreError>> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        return Ok(collect_lens(list.iter(), list.len(), field));
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return Ok(collect_lens(tuple.iter(), tuple.len(), field));
+    }
+    let type_name = obj.get_type().name()?.to_string();
+    Err(PlanError::new_err(format!(
+        "{} must be a list or tuple of ints (as SGLang's LogitsMetadata holds it), got {type_name}",
+        field.name()
+    )))
 }
 
 /// A validated gather plan for one batch (see `flatgather.prune_plan`).
