@@ -5,7 +5,7 @@
 //! `--baseline NAME` pin a named one.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use flatgather_core::Plan;
+use flatgather_core::PrunePlan;
 use std::hint::black_box;
 
 /// A small deterministic generator (xorshift64*), so every run benches the same batches.
@@ -91,14 +91,14 @@ fn bench_plan(c: &mut Criterion) {
         for b in [1usize, 8, 64, 256, 1024, 4096] {
             let (extend, start) = batch(mix, b);
             let tokens: i64 = extend.iter().sum();
-            let plan = Plan::new(&extend, &start).unwrap();
+            let plan = PrunePlan::new(&extend, &start).unwrap();
             let mut out = vec![0i64; plan.layout(true).len()];
             group.throughput(Throughput::Elements(tokens as u64));
             let id = BenchmarkId::new(format!("B={b}"), format!("{tokens}tok"));
             // What the binding does per call: validate, then write every index set.
             group.bench_with_input(id, &(extend, start), |bench, (extend, start)| {
                 bench.iter(|| {
-                    let plan = Plan::new(black_box(extend), black_box(start)).unwrap();
+                    let plan = PrunePlan::new(black_box(extend), black_box(start)).unwrap();
                     plan.fill(black_box(&mut out), true).unwrap();
                 })
             });

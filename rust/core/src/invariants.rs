@@ -1,11 +1,12 @@
 //! The properties every plan must have, stated independently of how
-//! [`Plan::fill`](crate::Plan::fill) computes it. Unit tests, property tests
+//! [`PrunePlan::fill`](crate::PrunePlan::fill) and
+//! [`RotationPlan::fill`](crate::RotationPlan::fill) compute them. Unit tests, property tests
 //! and the fuzz target all check plans through [`check`].
 
-use crate::Plan;
+use crate::{PrunePlan, RotationPlan};
 
 /// Checks the index sets a plan wrote for `extend`/`start` (already accepted
-/// by [`Plan::new`]) against the contract, request by request:
+/// by [`PrunePlan::new`]) against the contract, request by request:
 ///
 /// * request `i` keeps exactly the rows `[start_i, extend_i)` of its own rows,
 ///   in order, or only its last row when `start_i == extend_i`;
@@ -96,7 +97,7 @@ pub fn check(
 }
 
 /// Builds `plan`'s flat buffer and runs [`check`] on its parts.
-pub fn check_plan(plan: &Plan, extend: &[i64], start: &[i64]) -> Result<(), String> {
+pub fn check_plan(plan: &PrunePlan, extend: &[i64], start: &[i64]) -> Result<(), String> {
     let layout = plan.layout(true);
     // A sentinel that no index can equal shows parts the fill skipped.
     let mut buf = vec![-1i64; layout.len()];
@@ -110,6 +111,70 @@ pub fn check_plan(plan: &Plan, extend: &[i64], start: &[i64]) -> Result<(), Stri
         || plan.input_logprob() != input_logprob
         || plan.token_to_seq() != token_to_seq
     {
+        return Err("the per-part accessors disagree with fill".into());
+    }
+    Ok(())
+}
+
+/// Checks a rotation's index sets for `lens` (already accepted by
+/// [`RotationPlan::new`]), with `n = sum(lens)` rows and the tails after them:
+///
+/// * `ids`: row `j` of request `i` reads the next row of the same request,
+///   and the request's last row reads the tail `n + i`;
+/// * `embeds`: the same rows, except that each request's last row (which
+///   SGLang leaves unwritten) reads some row of its own request.
+pub fn check_rotation(lens: &[i64], ids: &[i64], embeds: &[i64]) -> Result<(), String> {
+    let n: i64 = lens.iter().sum();
+    if ids.len() as i64 != n || embeds.len() as i64 != n {
+        return Err(format!(
+            "{} ids and {} embeds for {n} rows",
+            ids.len(),
+            embeds.len()
+        ));
+    }
+    let mut offset = 0i64;
+    for (i, &len) in lens.iter().enumerate() {
+        let last = offset + len - 1;
+        for r in offset..last {
+            let (got_id, got_embed) = (ids[r as usize], embeds[r as usize]);
+            if got_id != r + 1 || got_embed != r + 1 {
+                return Err(format!(
+                    "request {i}, row {r}: ids {got_id}, embeds {got_embed}, want {}",
+                    r + 1
+                ));
+            }
+        }
+        if ids[last as usize] != n + i as i64 {
+            return Err(format!(
+                "request {i}: last row reads {}, want its tail {}",
+                ids[last as usize],
+                n + i as i64
+            ));
+        }
+        if !(offset..=last).contains(&embeds[last as usize]) {
+            return Err(format!(
+                "request {i}: last embeds row reads {}, outside the request",
+                embeds[last as usize]
+            ));
+        }
+        offset += len;
+    }
+    Ok(())
+}
+
+/// Builds `plan`'s buffer (ids and embeds) and runs [`check_rotation`].
+pub fn check_rotation_plan(plan: &RotationPlan, lens: &[i64]) -> Result<(), String> {
+    let n = plan.num_tokens();
+    let mut buf = vec![-1i64; plan.buffer_len(true)];
+    plan.fill(&mut buf, true).map_err(|e| e.to_string())?;
+    let (ids, embeds) = buf.split_at(n);
+    check_rotation(lens, ids, embeds)?;
+    let mut ids_only = vec![-1i64; plan.buffer_len(false) + 1];
+    plan.fill(&mut ids_only, false).map_err(|e| e.to_string())?;
+    if ids_only[..n] != *ids || ids_only[n] != -1 {
+        return Err("fill without embeds wrote other ids, or past its part".into());
+    }
+    if plan.ids() != ids || plan.embeds() != embeds {
         return Err("the per-part accessors disagree with fill".into());
     }
     Ok(())

@@ -1,8 +1,8 @@
 use super::*;
-use crate::invariants::check_plan;
+use crate::invariants::{check_plan, check_rotation_plan};
 use proptest::prelude::*;
 
-fn parts(plan: &Plan, with_token_to_seq: bool) -> (Vec<i64>, Vec<i64>, Vec<i64>, Vec<i64>) {
+fn parts(plan: &PrunePlan, with_token_to_seq: bool) -> (Vec<i64>, Vec<i64>, Vec<i64>, Vec<i64>) {
     let layout = plan.layout(with_token_to_seq);
     let mut buf = vec![0; layout.len()];
     plan.fill(&mut buf, with_token_to_seq).unwrap();
@@ -15,7 +15,7 @@ fn parts(plan: &Plan, with_token_to_seq: bool) -> (Vec<i64>, Vec<i64>, Vec<i64>,
 #[test]
 fn seed_example_from_sglang() {
     // extend [4, 5, 6], start [0, 5, 3] over rows t00..t03, t10..t14, t20..t25.
-    let plan = Plan::new(&[4, 5, 6], &[0, 5, 3]).unwrap();
+    let plan = PrunePlan::new(&[4, 5, 6], &[0, 5, 3]).unwrap();
     let (gather, sample, input_logprob, token_to_seq) = parts(&plan, true);
     assert_eq!(gather, [0, 1, 2, 3, 8, 12, 13, 14]); // t00 t01 t02 t03 t14 t23 t24 t25
     assert_eq!(sample, [3, 4, 7]);
@@ -33,7 +33,7 @@ fn seed_example_from_sglang() {
 
 #[test]
 fn chunk_with_start_equal_extend_keeps_only_its_last_row() {
-    let plan = Plan::new(&[3, 1], &[3, 1]).unwrap();
+    let plan = PrunePlan::new(&[3, 1], &[3, 1]).unwrap();
     let (gather, sample, input_logprob, token_to_seq) = parts(&plan, true);
     assert_eq!(gather, [2, 3]);
     assert_eq!(sample, [0, 1]);
@@ -43,7 +43,7 @@ fn chunk_with_start_equal_extend_keeps_only_its_last_row() {
 
 #[test]
 fn start_zero_keeps_every_row() {
-    let plan = Plan::new(&[2, 3], &[0, 0]).unwrap();
+    let plan = PrunePlan::new(&[2, 3], &[0, 0]).unwrap();
     let (gather, sample, input_logprob, _) = parts(&plan, false);
     assert_eq!(gather, [0, 1, 2, 3, 4]);
     assert_eq!(sample, [1, 4]);
@@ -52,7 +52,7 @@ fn start_zero_keeps_every_row() {
 
 #[test]
 fn fill_without_token_to_seq_leaves_the_tail_alone() {
-    let plan = Plan::new(&[2], &[0]).unwrap();
+    let plan = PrunePlan::new(&[2], &[0]).unwrap();
     let mut buf = vec![-7; 10];
     plan.fill(&mut buf, false).unwrap();
     assert_eq!(buf, [0, 1, 1, 0, 1, -7, -7, -7, -7, -7]);
@@ -88,7 +88,14 @@ fn rejects_bad_metadata_naming_the_request() {
                 value: -3,
             },
         ),
-        (&[4, 0, 1], &[0, 0, 0], PlanError::ZeroExtend { request: 1 }),
+        (
+            &[4, 0, 1],
+            &[0, 0, 0],
+            PlanError::ZeroExtend {
+                field: Field::ExtendSeqLens,
+                request: 1,
+            },
+        ),
         (
             &[4, 5, 6],
             &[0, 6, 3],
@@ -100,9 +107,9 @@ fn rejects_bad_metadata_naming_the_request() {
         ),
     ];
     for (extend, start, want) in cases {
-        assert_eq!(Plan::new(extend, start).unwrap_err(), want);
+        assert_eq!(PrunePlan::new(extend, start).unwrap_err(), want);
     }
-    let err = Plan::new(&[4, 5, 6], &[0, 6, 3]).unwrap_err();
+    let err = PrunePlan::new(&[4, 5, 6], &[0, 6, 3]).unwrap_err();
     assert_eq!(err.request(), Some(1));
     assert_eq!(
         err.to_string(),
@@ -112,38 +119,62 @@ fn rejects_bad_metadata_naming_the_request() {
 
 #[test]
 fn rejects_token_counts_past_the_limit_without_wrapping() {
-    let err = Plan::new(&[MAX_TOKENS, 1], &[0, 0]).unwrap_err();
+    let err = PrunePlan::new(&[MAX_TOKENS, 1], &[0, 0]).unwrap_err();
     assert_eq!(
         err,
         PlanError::TooManyTokens {
+            field: Field::ExtendSeqLens,
             request: 1,
             extend: 1,
             total: MAX_TOKENS + 1
         }
     );
-    let err = Plan::new(&[5, i64::MAX], &[0, 0]).unwrap_err();
+    let err = PrunePlan::new(&[5, i64::MAX], &[0, 0]).unwrap_err();
     assert_eq!(
         err,
         PlanError::TooManyTokens {
+            field: Field::ExtendSeqLens,
             request: 1,
             extend: i64::MAX,
             total: i64::MAX
         }
     );
-    assert!(Plan::new(&[MAX_TOKENS], &[MAX_TOKENS]).is_ok());
+    assert!(PrunePlan::new(&[MAX_TOKENS], &[MAX_TOKENS]).is_ok());
 }
 
 #[test]
-fn row_check_and_short_buffers_are_errors() {
-    let plan = Plan::new(&[4, 5, 6], &[0, 5, 3]).unwrap();
-    assert!(plan.check_rows(15).is_ok());
+fn padding_rows_are_allowed_and_fewer_rows_are_not() {
+    let plan = PrunePlan::new(&[4, 5, 6], &[0, 5, 3]).unwrap();
+    assert!(plan.check_rows(15, false).is_ok());
+    assert!(plan.check_rows(15, true).is_ok());
+    // CUDA-graph buckets and DP attention pad hidden_states past the tokens.
+    assert!(plan.check_rows(16, false).is_ok());
+    assert!(plan.check_rows(i64::MAX, false).is_ok());
     assert_eq!(
-        plan.check_rows(16),
+        plan.check_rows(16, true),
         Err(PlanError::RowMismatch {
             tokens: 15,
             rows: 16
         })
     );
+    for exact in [false, true] {
+        assert_eq!(
+            plan.check_rows(14, exact),
+            Err(PlanError::TooFewRows {
+                tokens: 15,
+                rows: 14
+            })
+        );
+        assert_eq!(
+            plan.check_rows(-1, exact).unwrap_err().kind(),
+            "too_few_rows"
+        );
+    }
+}
+
+#[test]
+fn short_buffers_are_errors() {
+    let plan = PrunePlan::new(&[4, 5, 6], &[0, 5, 3]).unwrap();
     let mut short = vec![0; plan.layout(true).len() - 1];
     assert_eq!(
         plan.fill(&mut short, true),
@@ -152,6 +183,78 @@ fn row_check_and_short_buffers_are_errors() {
             got: 25
         })
     );
+    let rotation = RotationPlan::new(&[2, 3]).unwrap();
+    let mut short = vec![0; 9];
+    assert_eq!(
+        rotation.fill(&mut short, true),
+        Err(PlanError::BufferTooSmall { needed: 10, got: 9 })
+    );
+}
+
+#[test]
+fn plans_over_the_memory_bound_are_refused_before_allocating() {
+    // One request of 2^31 - 1 tokens, all kept: 3 * 2^31 int64 values, 48 GiB.
+    let err = PrunePlan::new(&[MAX_TOKENS], &[0]).unwrap_err();
+    assert_eq!(err.kind(), "plan_too_large");
+    assert_eq!(err.request(), None);
+    let message = err.to_string();
+    assert!(message.contains("48.00 GiB"), "{message}");
+    assert!(message.contains("limit of 1.00 GiB"), "{message}");
+    // The same tokens with one row kept is a tiny plan.
+    assert!(PrunePlan::new(&[MAX_TOKENS], &[MAX_TOKENS - 1]).is_ok());
+    // Just under and just over the bound.
+    let under = ((MAX_PLAN_BYTES / 8 - 1) / 3) as i64;
+    assert!(PrunePlan::new(&[under], &[0]).is_ok());
+    assert_eq!(
+        PrunePlan::new(&[under + 1], &[0]).unwrap_err().kind(),
+        "plan_too_large"
+    );
+    let rotation_max = (MAX_PLAN_BYTES / 16) as i64;
+    assert!(RotationPlan::new(&[rotation_max]).is_ok());
+    assert_eq!(
+        RotationPlan::new(&[rotation_max, 1]).unwrap_err().kind(),
+        "plan_too_large"
+    );
+}
+
+#[test]
+fn rotation_seed_example() {
+    // rows a0 a1 a2 | b0 | c0 c1, tails at 6, 7, 8.
+    let plan = RotationPlan::new(&[3, 1, 2]).unwrap();
+    let mut buf = vec![0; plan.buffer_len(true)];
+    plan.fill(&mut buf, true).unwrap();
+    assert_eq!(buf, [1, 2, 6, 7, 5, 8, 1, 2, 2, 3, 5, 5]);
+    assert_eq!((plan.batch_size(), plan.num_tokens()), (3, 6));
+    assert!(plan.check_rows(6).is_ok());
+    assert_eq!(plan.check_rows(7).unwrap_err().kind(), "row_mismatch");
+    assert_eq!(plan.check_rows(5).unwrap_err().kind(), "too_few_rows");
+}
+
+#[test]
+fn rotation_edges() {
+    let empty = RotationPlan::new(&[]).unwrap();
+    assert_eq!((empty.num_tokens(), empty.ids()), (0, vec![]));
+    // One-token requests read only their tails.
+    assert_eq!(RotationPlan::new(&[1, 1, 1]).unwrap().ids(), [3, 4, 5]);
+    assert_eq!(
+        RotationPlan::new(&[2, 0]).unwrap_err(),
+        PlanError::ZeroExtend {
+            field: Field::ExtendLens,
+            request: 1
+        }
+    );
+    assert_eq!(
+        RotationPlan::new(&[-2]).unwrap_err().to_string(),
+        "request 0: extend_lens[0] = -2 is negative"
+    );
+    assert_eq!(
+        RotationPlan::new(&[MAX_TOKENS, 1]).unwrap_err().kind(),
+        "too_many_tokens"
+    );
+}
+
+fn rotation_lens() -> impl Strategy<Value = Vec<i64>> {
+    prop::collection::vec(prop_oneof![Just(1i64), 1i64..8, 1i64..600], 0..300)
 }
 
 fn batch() -> impl Strategy<Value = (Vec<i64>, Vec<i64>)> {
@@ -168,7 +271,7 @@ fn batch() -> impl Strategy<Value = (Vec<i64>, Vec<i64>)> {
 proptest! {
     #[test]
     fn every_accepted_batch_meets_the_contract((extend, start) in batch()) {
-        let plan = Plan::new(&extend, &start).unwrap();
+        let plan = PrunePlan::new(&extend, &start).unwrap();
         prop_assert_eq!(plan.num_tokens() as i64, extend.iter().sum::<i64>());
         check_plan(&plan, &extend, &start).map_err(TestCaseError::fail)?;
     }
@@ -178,9 +281,32 @@ proptest! {
         extend in prop::collection::vec(any::<i64>(), 0..8),
         start in prop::collection::vec(any::<i64>(), 0..8),
     ) {
-        if let Ok(plan) = Plan::new(&extend, &start) {
+        if let Ok(plan) = PrunePlan::new(&extend, &start) {
             prop_assume!(plan.num_tokens() < 1 << 20);
             check_plan(&plan, &extend, &start).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    #[test]
+    fn every_accepted_rotation_meets_the_contract(lens in rotation_lens()) {
+        let plan = RotationPlan::new(&lens).unwrap();
+        prop_assert_eq!(plan.num_tokens() as i64, lens.iter().sum::<i64>());
+        check_rotation_plan(&plan, &lens).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn arbitrary_rotation_lengths_never_panic(lens in prop::collection::vec(any::<i64>(), 0..8)) {
+        match RotationPlan::new(&lens) {
+            Ok(plan) => {
+                prop_assume!(plan.num_tokens() < 1 << 20);
+                check_rotation_plan(&plan, &lens).map_err(TestCaseError::fail)?;
+            }
+            Err(err) => {
+                prop_assert!(lens.iter().any(|&l| l <= 0)
+                    || lens.iter().map(|&l| l as i128).sum::<i128>() > MAX_TOKENS as i128
+                    || err.kind() == "plan_too_large");
+                prop_assert!(err.request().is_none_or(|r| r < lens.len()));
+            }
         }
     }
 }
