@@ -4,35 +4,31 @@ A finder placed first on ``sys.meta_path`` asks the other finders for the
 module's spec and wraps its loader, so that the callback runs on the fresh
 module once its code has executed, before the importer gets it back. Nothing
 is imported early, and a module that is already imported gets the callback at
-once. Used for the modules of SGLang that cannot (or need not) be imported
-when flatgather is installed, such as 0.5.10's ``eagle_worker_v2``, which
-needs the GPU-only ``sgl_kernel``.
+once. Used by the ``FLATGATHER_SGLANG`` switch, and for the modules of SGLang
+that cannot (or need not) be imported when flatgather is installed, such as
+0.5.10's ``eagle_worker_v2``, which needs the GPU-only ``sgl_kernel``.
+
+This module runs at interpreter start-up when the switch is on, so it
+imports nothing that is not already loaded by then.
 """
 
-from __future__ import annotations
-
-import importlib.abc
-import importlib.machinery
-import logging
+import _thread
 import sys
-import threading
-from collections.abc import Callable
-from types import ModuleType
 
-log = logging.getLogger("flatgather")
-
-Callback = Callable[[ModuleType], None]
+# Annotations only (never evaluated): typing costs more to import than all
+# of this module.
+Callback = "Callable[[types.ModuleType], None]"
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, finder: _Finder) -> None:
+class _Loader:
+    def __init__(self, inner, finder: "_Finder") -> None:
         self._inner = inner
         self._finder = finder
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+    def create_module(self, spec):
         return self._inner.create_module(spec)
 
-    def exec_module(self, module: ModuleType) -> None:
+    def exec_module(self, module) -> None:
         # The real loader belongs on the module, for reloads and resources.
         module.__loader__ = self._inner
         if module.__spec__ is not None:
@@ -44,10 +40,10 @@ class _Loader(importlib.abc.Loader):
         return getattr(self._inner, name)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     def __init__(self) -> None:
         self._callbacks: dict[str, list[Callback]] = {}
-        self._lock = threading.RLock()
+        self._lock = _thread.RLock()
 
     def find_spec(self, fullname, path, target=None):
         if fullname not in self._callbacks:
@@ -66,7 +62,9 @@ class _Finder(importlib.abc.MetaPathFinder):
 
     def add(self, name: str, callback: Callback) -> None:
         with self._lock:
-            self._callbacks.setdefault(name, []).append(callback)
+            callbacks = self._callbacks.setdefault(name, [])
+            if callback not in callbacks:
+                callbacks.append(callback)
 
     def remove(self, name: str, callback: Callback) -> None:
         with self._lock:
@@ -76,7 +74,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             if not callbacks:
                 self._callbacks.pop(name, None)
 
-    def fire(self, module: ModuleType) -> None:
+    def fire(self, module) -> None:
         with self._lock:
             callbacks = list(self._callbacks.get(module.__name__, ()))
         for callback in callbacks:
@@ -84,7 +82,9 @@ class _Finder(importlib.abc.MetaPathFinder):
                 callback(module)
             except Exception:
                 # A failed patch must not fail the import it rides on.
-                log.exception("flatgather: post-import hook for %s failed", module.__name__)
+                from flatgather._activate import logger
+
+                logger().exception("flatgather: post-import hook for %s failed", module.__name__)
 
 
 _finder = _Finder()
@@ -97,7 +97,8 @@ def _ensure_installed() -> None:
 
 def when_imported(name: str, callback: Callback) -> None:
     """Call ``callback(module)`` once ``name`` is imported: now if it already
-    is (exceptions then propagate), else right after its import."""
+    is (exceptions then propagate), else right after its import. Registering
+    the same callback twice calls it once."""
     module = sys.modules.get(name)
     if module is not None:
         callback(module)

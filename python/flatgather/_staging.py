@@ -14,11 +14,12 @@ tensors are handed to the caller, so nothing is ever rewritten under them.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from flatgather._core import Plan
+Fill = Callable[[np.ndarray], None]
 
 _SLOTS = 4
 _MIN_CAPACITY = 4096
@@ -51,11 +52,11 @@ class _DeviceStager:
         self.slots = [_PinnedSlot() for _ in range(_SLOTS)]
         self.next = 0
 
-    def upload(self, plan: Plan, n: int) -> torch.Tensor:
+    def upload(self, n: int, fill: Fill) -> torch.Tensor:
         slot = self.slots[self.next]
         self.next = (self.next + 1) % _SLOTS
         host = slot.acquire(n)
-        plan.fill(host, token_to_seq=False)
+        fill(host)
         # from_numpy keeps the copy to one aten op; the memory is still the
         # pinned block, so the copy is truly asynchronous.
         dev = torch.from_numpy(host).to(self.device, non_blocking=True)
@@ -68,13 +69,12 @@ class _DeviceStager:
 _local = threading.local()
 
 
-def stage(plan: Plan, device: torch.device) -> torch.Tensor:
-    """``gather | sample | input_logprob`` of ``plan`` as one int64 tensor on
-    ``device``, written once on the host and copied at most once."""
-    n = plan.buffer_len(False)
+def stage(n: int, fill: Fill, device: torch.device) -> torch.Tensor:
+    """``n`` int64 values, written on the host by ``fill(array)``, as one
+    tensor on ``device``: written once, copied at most once."""
     if device.type != "cuda":
         host = np.empty(n, dtype=np.int64)
-        plan.fill(host, token_to_seq=False)
+        fill(host)
         out = torch.from_numpy(host)
         return out if device.type == "cpu" else out.to(device)
     stagers = getattr(_local, "stagers", None)
@@ -84,4 +84,4 @@ def stage(plan: Plan, device: torch.device) -> torch.Tensor:
     stager = stagers.get(index)
     if stager is None:
         stager = stagers[index] = _DeviceStager(torch.device("cuda", index))
-    return stager.upload(plan, n)
+    return stager.upload(n, fill)

@@ -2,47 +2,50 @@
 
 >>> from flatgather import sglang as fg_sglang
 >>> report = fg_sglang.install()   # doctest: +SKIP
->>> report.release, report.patched   # doctest: +SKIP
-('0.5.23', ('sglang.srt.layers.logits_processor.LogitsProcessor._get_pruned_states',))
+>>> report.release, report.verified_by   # doctest: +SKIP
+('0.5.23', 'probe and test matrix')
 >>> fg_sglang.uninstall()           # doctest: +SKIP
 True
 
-``install()`` replaces ``LogitsProcessor._get_pruned_states`` by one that
-returns exactly what the installed release's own returns, building the index
-sets of its "prefill with input logprobs" branch in one Rust pass and
-gathering each tensor with one ``index_select``. On 0.5.10 it also applies the
-two fixes of SGLang PR #21589 that the release lacks. ``uninstall()`` puts the
-original objects back.
+``install()`` reads top to bottom: the running release is probed
+(:mod:`flatgather.sglang.probe`: its own ``_get_pruned_states`` against
+flatgather's on small CPU batches), then ``LogitsProcessor`` is patched with
+the contract the probe verified, and the V2 draft worker's prefill
+(:mod:`flatgather.sglang.draft_prefill`) is rewritten when
+``eagle_worker_v2`` is imported, after its own check. The release table
+(:mod:`flatgather.sglang.releases`) only says whether the release is also
+covered by the test matrix. ``uninstall()`` puts the original objects back.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 from flatgather import _import_hooks
-from flatgather.sglang import _draft_prefill
-from flatgather.sglang._contracts import (
-    SUPPORTED_RELEASES,
+from flatgather.sglang import draft_prefill, probe, releases
+from flatgather.sglang.patching import Patch, apply_all, revert_all
+from flatgather.sglang.probe import ProbeFailed, Verdict
+from flatgather.sglang.pruned_states import (
     Contract,
-    UnsupportedRelease,
-    contract_for,
-    sglang_release,
-)
-from flatgather.sglang._patching import Patch, apply_all, revert_all
-from flatgather.sglang._pruned_states import (
+    LazyGate,
     make_forward,
     make_hidden_states_to_store,
     make_pruned_states,
 )
+from flatgather.sglang.releases import sglang_release
 
 __all__ = [
     "SUPPORTED_RELEASES",
+    "Contract",
     "InstallReport",
     "UnsupportedRelease",
     "install",
+    "installed_report",
     "is_installed",
     "sglang_release",
     "uninstall",
@@ -52,28 +55,59 @@ log = logging.getLogger("flatgather")
 
 LOGITS_PROCESSOR = "sglang.srt.layers.logits_processor"
 
+SUPPORTED_RELEASES: tuple[str, ...] = tuple(r.version for r in releases.RELEASES)
+"""The releases of the test matrix (:data:`flatgather.sglang.releases.RELEASES`)."""
+
+
+class UnsupportedRelease(RuntimeError):
+    """The running SGLang's ``_get_pruned_states`` is not one flatgather can
+    reproduce exactly; nothing was patched. The message names the first
+    difference the probe found."""
+
 
 @dataclass(frozen=True)
 class InstallReport:
-    release: str
-    """The SGLang release patched."""
+    release: str | None
+    """The SGLang version found (None when it has no distribution metadata)."""
     patched: tuple[str, ...]
     """Attributes replaced so far."""
     pending: tuple[str, ...] = ()
     """Modules whose patches apply once they are imported."""
+    contract: Contract | None = None
+    """What the probe found the release's ``_get_pruned_states`` to do."""
+    verified_by: str = "probe"
+    """``"probe and test matrix"`` for a release of the table, else ``"probe"``."""
+    lazy_aux: bool = False
+    """Lazy aux pruning is on (asked for and verified)."""
+    backports: tuple[str, ...] = ()
+    """Fixes of SGLang PR #21589 applied so far."""
+    notes: tuple[str, ...] = ()
+    """What was left stock, and why; how the probe ran."""
+    probe_seconds: float = 0.0
 
 
 @dataclass
 class _Installed:
-    contract: Contract
+    release: str | None
+    verdict: Verdict
+    gate: LazyGate | None
     patches: list[Patch] = field(default_factory=list)
     pending: dict[str, object] = field(default_factory=dict)
+    backports: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def report(self) -> InstallReport:
+        in_table = releases.by_version(self.release) is not None
         return InstallReport(
-            self.contract.release,
-            tuple(p.where for p in self.patches),
-            tuple(sorted(self.pending)),
+            release=self.release,
+            patched=tuple(p.where for p in self.patches),
+            pending=tuple(sorted(self.pending)),
+            contract=self.verdict.contract,
+            verified_by="probe and test matrix" if in_table else "probe",
+            lazy_aux=self.gate is not None,
+            backports=tuple(self.backports),
+            notes=tuple(self.notes),
+            probe_seconds=self.verdict.seconds,
         )
 
 
@@ -81,71 +115,125 @@ _lock = threading.RLock()
 _state: _Installed | None = None
 
 
-def _logits_processor_patches(contract: Contract, lazy_aux: bool) -> list[Patch]:
-    module = importlib.import_module(LOGITS_PROCESSOR)
+def _logits_processor_patches(module, verdict: Verdict, gate: LazyGate | None) -> list[Patch]:
     cls = module.LogitsProcessor
     raw = vars(cls)
     patches = [
         Patch(
             cls,
             "_get_pruned_states",
-            make_pruned_states(raw["_get_pruned_states"], contract, lazy_aux),
+            make_pruned_states(raw["_get_pruned_states"], verdict.contract, gate),
         )
     ]
-    if lazy_aux:
+    if gate is not None:
         patches += [
             Patch(
                 cls,
                 "_get_hidden_states_to_store",
                 make_hidden_states_to_store(raw["_get_hidden_states_to_store"]),
             ),
-            Patch(cls, "forward", make_forward(raw["forward"])),
+            Patch(cls, "forward", make_forward(raw["forward"], gate)),
         ]
     return patches
 
 
-def _defer(state: _Installed, module_name: str, make_patches) -> None:
-    """Apply ``make_patches(module)`` when ``module_name`` is imported (now,
-    if it already is)."""
+def _table_notes(release: str | None, contract: Contract) -> list[str]:
+    row = releases.by_version(release)
+    if row is None:
+        return [
+            f"SGLang {release or '(unknown version)'} is not in flatgather's test matrix; "
+            "verified by the probe alone"
+        ]
+    expected = Contract(
+        row.trailing_token_to_seq, row.packed_aux, row.writes_cpu_indices, row.prunes_aux
+    )
+    if expected != contract:
+        # The probe verified what runs; the table describes the wheel.
+        return [
+            f"the running SGLang {release} differs from the published wheel "
+            f"(table: {expected.describe()}); the probe's contract is used"
+        ]
+    return []
 
-    def on_import(module) -> None:
-        with _lock:
-            if _state is not state or module_name not in state.pending:
-                return
-            state.patches.extend(apply_all(make_patches(module)))
-            del state.pending[module_name]
-            log.info("flatgather: patched %s on import", module_name)
 
-    state.pending[module_name] = on_import
-    _import_hooks.when_imported(module_name, on_import)
+def _on_draft_module(state: _Installed, module) -> None:
+    with _lock:
+        if _state is not state or draft_prefill.MODULE not in state.pending:
+            return
+        del state.pending[draft_prefill.MODULE]
+        try:
+            result = draft_prefill.prepare(module)
+        except Exception as exc:  # never fail the import this rides on
+            result = draft_prefill.DraftPatch.refused(
+                f"{draft_prefill.MODULE} left stock: {type(exc).__name__}: {exc}"
+            )
+        state.notes.extend(result.notes)
+        for note in result.notes:
+            log.warning("flatgather: %s", note)
+        if result.patches:
+            state.patches.extend(apply_all(result.patches))
+            state.backports.extend(result.backports)
+            log.info("flatgather: patched %s (%s)", draft_prefill.MODULE, ", ".join(result.applied))
 
 
 def install(force: bool = False, lazy_aux: bool = True) -> InstallReport:
-    """Patch the installed SGLang; idempotent (a second call changes nothing
-    and returns the first call's report).
+    """Probe the running SGLang and patch it; idempotent (a second call
+    changes nothing and returns the report so far).
 
-    Refuses (:class:`UnsupportedRelease`) a release other than those in
-    ``SUPPORTED_RELEASES`` unless ``force``. With ``lazy_aux`` (the default),
-    ``LogitsProcessor.forward`` gathers from the EAGLE3 aux layers only the
-    rows it stores (see ``flatgather.sglang._pruned_states``); its outputs are
-    unchanged. Either every patch is applied or, if one fails, none is left
-    behind and the error propagates.
+    Raises :class:`UnsupportedRelease`, leaving SGLang untouched, when the
+    probe finds that flatgather cannot reproduce the release's
+    ``_get_pruned_states`` exactly. With ``lazy_aux`` (the default, and only
+    where the probe verified it), ``LogitsProcessor.forward`` gathers from the
+    EAGLE3 aux layers only the rows it stores; its outputs are unchanged.
+    Either every patch is applied or, if one fails, none is left behind and
+    the error propagates.
+
+    ``force`` is accepted for compatibility and changes nothing: every
+    release, tested or not, is patched exactly when the probe passes.
     """
     global _state
+    if force:
+        warnings.warn(
+            "install(force=True) is no longer needed and has no effect: flatgather "
+            "patches any SGLang release whose probe passes, and none other",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     with _lock:
         if _state is not None:
             return _state.report()
-        contract = contract_for(sglang_release(), force=force)
-        state = _state = _Installed(contract)
+        module = importlib.import_module(LOGITS_PROCESSOR)
+        release = sglang_release()
         try:
-            state.patches.extend(apply_all(_logits_processor_patches(contract, lazy_aux)))
-            if "draft-prefill-no-logprob" in contract.backports:
-                _defer(state, _draft_prefill.MODULE, _draft_prefill.patches)
+            verdict = probe.run(module)
+        except ProbeFailed as exc:
+            raise UnsupportedRelease(
+                f"SGLang {release or '(unknown version)'}: {exc}. Nothing was patched."
+            ) from None
+        gate = LazyGate() if lazy_aux and verdict.lazy_aux else None
+        state = _Installed(release, verdict, gate)
+        state.notes.extend(_table_notes(release, verdict.contract))
+        if lazy_aux and not verdict.lazy_aux:
+            state.notes.append(f"lazy aux pruning left off: {verdict.lazy_aux_note}")
+        if verdict.pin_neutralised:
+            state.notes.append(
+                "this host has no CUDA and the release's _get_pruned_states pins memory "
+                "unconditionally: the probe ran it with pin_memory=False (pinning changes no value)"
+            )
+        _state = state
+        try:
+            state.patches.extend(apply_all(_logits_processor_patches(module, verdict, gate)))
+            state.backports.extend(verdict.contract.backports)
+            on_import = functools.partial(_on_draft_module, state)
+            state.pending[draft_prefill.MODULE] = on_import
+            _import_hooks.when_imported(draft_prefill.MODULE, on_import)
         except BaseException:
             _state = None
             _cancel_pending(state)
             revert_all(state.patches)
             raise
+        for note in state.notes:
+            log.info("flatgather: %s", note)
         return state.report()
 
 
@@ -155,14 +243,33 @@ def _cancel_pending(state: _Installed) -> None:
     state.pending.clear()
 
 
-def uninstall() -> bool:
+def uninstall(timeout: float | None = None) -> bool:
     """Restore every patched attribute to the original object and forget
-    pending patches. Returns whether anything was installed."""
+    pending patches. Returns whether anything was installed.
+
+    Forwards already running finish with the patches they started with:
+    ``uninstall()`` first lets no new forward use lazy aux pruning, waits for
+    those in flight to leave, then restores everything in one step. With a
+    ``timeout`` (seconds) that passes first, it raises ``TimeoutError`` and
+    leaves the installation as it was. Called from inside a patched
+    ``forward``, it raises ``RuntimeError`` (it would wait for itself).
+    """
     global _state
     with _lock:
-        state, _state = _state, None
+        state = _state
         if state is None:
             return False
+        if state.gate is not None:
+            if state.gate.current():
+                raise RuntimeError(
+                    "flatgather.sglang.uninstall() called from inside LogitsProcessor.forward, "
+                    "which it would wait for"
+                )
+            if not state.gate.close(timeout):
+                raise TimeoutError(
+                    f"forwards still running after {timeout} s; flatgather stays installed"
+                )
+        _state = None
         _cancel_pending(state)
         revert_all(state.patches)
         state.patches.clear()

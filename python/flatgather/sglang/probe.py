@@ -1,0 +1,419 @@
+"""Ask the running release what its ``_get_pruned_states`` does, and check
+flatgather's answer against it before anything is patched.
+
+:func:`run` calls the release's own function on a handful of small CPU
+batches, chosen so that every point on which releases differ shows:
+
+* a batch with start 0, start == extend and a start in between, B = 1 with
+  one token, B = 1 with start == extend, several requests, each with and
+  without padding rows past the tokens (full of NaN: a read would show);
+* aux layers absent, as a list, empty, and as one packed tensor; states
+  before the norm present or not; float32 and bfloat16.
+
+From what the release returns it derives the :class:`Contract` (a trailing
+``token_to_seq_idx`` entry? packed aux handled? ``*_indices_cpu`` written on
+the metadata? list aux pruned, or dropped as before SGLang PR #21589?), then
+runs flatgather under that contract on every batch and compares everything:
+the 6-tuple (types, dtypes, shapes, devices, bytes) and every attribute of
+the metadata afterwards. One difference and the probe fails, naming it.
+
+It also checks, on the same batches, that:
+
+* every ``ForwardMode`` of the release takes the same branch in flatgather
+  as in the release (flatgather takes over the logprob branch alone);
+* lazy aux pruning stores, through the release's own
+  ``_get_hidden_states_to_store``, exactly what the release stores, under
+  NULL, LAST and FULL capture; and that in the release's ``forward`` the aux
+  result flows into ``_get_hidden_states_to_store`` and nowhere else (read
+  off its bytecode). If either fails, lazy aux pruning stays off.
+
+Some releases cannot run their own function on a machine without CUDA
+(0.5.12 pins its index tensors unconditionally). On such a host the probe
+runs the release's function with ``pin_memory`` switched off: pinning changes
+no value, and the verdict says that it was done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import itertools
+import math
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from flatgather.sglang.pruned_states import (
+    Contract,
+    LazyGate,
+    lazy_scope,
+    make_hidden_states_to_store,
+    make_pruned_states,
+)
+
+__all__ = ["ProbeFailed", "Verdict", "first_difference", "run"]
+
+HIDDEN = 4
+LAYERS = 2
+PAD_ROWS = 3
+
+# (extend_seq_lens, extend_logprob_start_lens)
+BATCHES = (
+    ([4, 5, 6], [0, 5, 3]),  # start 0, start == extend, in between
+    ([1], [0]),  # B = 1, one token
+    ([3], [3]),  # B = 1, a chunk with nothing to score
+    ([2, 7, 1, 5], [2, 0, 0, 5]),
+)
+AUX_KINDS = ("none", "list", "empty-list", "packed")
+
+
+class ProbeFailed(Exception):
+    """flatgather's answer differs from the release's; the message names the
+    first difference."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    contract: Contract
+    lazy_aux: bool
+    """Lazy aux pruning was verified against this release."""
+    lazy_aux_note: str
+    """Why lazy aux pruning stays off, when it does."""
+    cases: int
+    """Calls compared, the release's own against flatgather's."""
+    seconds: float
+    pin_neutralised: bool
+    """The release's function pins memory unconditionally and this host has
+    no CUDA: the probe ran it with ``pin_memory=False``."""
+
+
+class _NoPinWithoutCuda(TorchFunctionMode):
+    """Turns ``pin_memory=True`` off (on a host without CUDA, where it
+    cannot work), counting how often."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if kwargs.get("pin_memory"):
+            kwargs = {**kwargs, "pin_memory": False}
+            self.hits += 1
+        return func(*args, **kwargs)
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_SCALARS = (int, float, bool, str, type(None))
+
+
+def first_difference(actual, expected, path: str = "result") -> str | None:
+    """The first place where ``actual`` and ``expected`` differ in type,
+    dtype, shape, device, contiguity or bytes, as ``path: expected X, got
+    Y``; None when they are identical."""
+    if type(actual) is not type(expected):
+        return (
+            f"{path}: expected {type(expected).__name__} {_describe(expected)}, "
+            f"got {type(actual).__name__} {_describe(actual)}"
+        )
+    if isinstance(expected, torch.Tensor):
+        for attr in ("dtype", "shape", "device"):
+            want, got = getattr(expected, attr), getattr(actual, attr)
+            if got != want:
+                return f"{path}.{attr}: expected {want}, got {got}"
+        if actual.is_contiguous() != expected.is_contiguous():
+            return f"{path}: expected contiguous={expected.is_contiguous()}, got the other"
+        a = actual.detach().contiguous().view(-1).view(torch.uint8)
+        e = expected.detach().contiguous().view(-1).view(torch.uint8)
+        if not torch.equal(a, e):
+            return f"{path}: values differ ({_describe(expected)})"
+        return None
+    if isinstance(expected, dict):
+        if actual.keys() != expected.keys():
+            return f"{path}: keys {sorted(expected)} expected, got {sorted(actual)}"
+        for key in expected:
+            found = first_difference(actual[key], expected[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(expected, (list, tuple)):
+        if (
+            all(type(e) in _SCALARS for e in expected)
+            and all(type(a) in _SCALARS for a in actual)
+            and actual == expected
+        ):
+            return None  # the common case, without a call per element
+        if len(actual) != len(expected):
+            return f"{path}: expected length {len(expected)}, got {len(actual)}"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            found = first_difference(a, e, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(expected, float) and math.isnan(expected) and math.isnan(actual):
+        return None
+    if actual != expected:
+        return f"{path}: expected {_describe(expected)}, got {_describe(actual)}"
+    return None
+
+
+def _outcome(fn: Callable, *args):
+    try:
+        return ("returned", fn(*args))
+    except Exception as exc:  # compared by type: the same failure, or none
+        return ("raised", type(exc).__name__)
+
+
+class _Release:
+    """The release's classes and its own functions, called as the probe needs."""
+
+    def __init__(self, module: ModuleType, no_pin: _NoPinWithoutCuda | None) -> None:
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+        self.metadata_cls = module.LogitsMetadata
+        self.forward_mode = ForwardMode
+        self.capture_mode = CaptureHiddenMode
+        self.fields = {f.name for f in dataclasses.fields(self.metadata_cls)}
+        raw = vars(module.LogitsProcessor)
+        self.pruned_states = raw["_get_pruned_states"]
+        self.hidden_to_store = raw["_get_hidden_states_to_store"]
+        self.forward = raw["forward"]
+        self.no_pin = no_pin
+
+    def metadata(self, extend, start, capture="NULL", mode=None):
+        values = {
+            "forward_mode": self.forward_mode.EXTEND if mode is None else mode,
+            "capture_hidden_mode": getattr(self.capture_mode, capture),
+            "extend_return_logprob": True,
+            "extend_seq_lens": torch.tensor(extend, dtype=torch.int32),
+            "extend_seq_lens_cpu": list(extend),
+            "extend_logprob_start_lens_cpu": list(start),
+            "extend_logprob_pruned_lens_cpu": [e - s for e, s in zip(extend, start, strict=True)],
+        }
+        return self.metadata_cls(**{k: v for k, v in values.items() if k in self.fields})
+
+    def stock(self, *args):
+        with self.no_pin if self.no_pin is not None else nullcontext():
+            return self.pruned_states(None, *args)
+
+
+def _inputs(extend, dtype, before_norm, aux_kind, pad, seed):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = sum(extend)
+
+    def tensor(width):
+        t = torch.randn(tokens + pad, width, generator=gen)
+        t[tokens:] = float("nan")  # padding: never to be read
+        return t.to(dtype)
+
+    h = tensor(HIDDEN)
+    b = tensor(HIDDEN) if before_norm else None
+    aux = {
+        "none": lambda: None,
+        "list": lambda: [tensor(HIDDEN) for _ in range(LAYERS)],
+        "empty-list": lambda: [],
+        "packed": lambda: tensor(HIDDEN * LAYERS),
+    }[aux_kind]()
+    return h, b, aux
+
+
+def _derive(release: _Release) -> Contract:
+    extend, start = BATCHES[0]
+    h, _, aux = _inputs(extend, torch.float32, False, "list", 0, 0)
+    md = release.metadata(extend, start)
+    pruned, _, aux_pruned, _, _, token_to_seq = release.stock(h, None, aux, md)
+    packed = torch.cat(aux, dim=-1)
+    kind, result = _outcome(release.stock, h, None, packed, release.metadata(extend, start))
+    return Contract(
+        trailing_token_to_seq=len(token_to_seq) == pruned.shape[0] + 1,
+        packed_aux=kind == "returned" and isinstance(result[2], torch.Tensor),
+        writes_cpu_indices=getattr(md, "sample_indices_cpu", None) is not None,
+        prunes_aux=aux_pruned is not None,
+    )
+
+
+def _expected(release: _Release, contract: Contract, extend, start, h, b, aux):
+    md = release.metadata(extend, start)
+    result = release.stock(h, b, aux, md)
+    if isinstance(aux, list) and not contract.prunes_aux:
+        # The backport: each layer pruned as the release prunes hidden_states.
+        layers = [
+            release.stock(layer, None, None, release.metadata(extend, start))[0] for layer in aux
+        ]
+        result = (*result[:2], layers, *result[3:])
+    return result, md
+
+
+def _check_branches(release: _Release, ours: Callable) -> str | None:
+    """Every ForwardMode, with logprobs asked or not: the same outcome."""
+    extend, start = BATCHES[0]
+    h, b, aux = _inputs(extend, torch.float32, True, "list", 0, 1)
+    for mode, logprob in itertools.product(release.forward_mode, (True, False)):
+        md_stock = release.metadata(extend, start, mode=mode)
+        md_ours = release.metadata(extend, start, mode=mode)
+        md_stock.extend_return_logprob = md_ours.extend_return_logprob = logprob
+        expected = _outcome(release.stock, h, b, aux, md_stock)
+        with release.no_pin if release.no_pin is not None else nullcontext():
+            actual = _outcome(ours, None, h, b, aux, md_ours)
+        found = first_difference(actual, expected, f"ForwardMode.{mode.name}")
+        if found:
+            return found
+    return None
+
+
+def aux_flow_problem(forward) -> str | None:
+    """None when, in ``forward``'s bytecode, the aux result of
+    ``_get_pruned_states`` is stored once and loaded once, as an argument of
+    ``_get_hidden_states_to_store``; otherwise what was found instead."""
+    code = forward.__code__
+    instructions = list(dis.get_instructions(code))
+
+    def names(ins) -> tuple:
+        return ins.argval if isinstance(ins.argval, tuple) else (ins.argval,)
+
+    def attr_loads(attr):
+        return [
+            i
+            for i, ins in enumerate(instructions)
+            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and attr in names(ins)
+        ]
+
+    pruned_calls = attr_loads("_get_pruned_states")
+    store_calls = attr_loads("_get_hidden_states_to_store")
+    if len(pruned_calls) != 1 or len(store_calls) != 1:
+        return "forward does not call _get_pruned_states and _get_hidden_states_to_store once each"
+    unpack = next(
+        (
+            i
+            for i in range(pruned_calls[0], len(instructions))
+            if instructions[i].opname == "UNPACK_SEQUENCE"
+        ),
+        None,
+    )
+    if unpack is None or instructions[unpack].arg != 6:
+        return "forward does not unpack six values from _get_pruned_states"
+    stored: list[str] = []
+    for ins in instructions[unpack + 1 :]:
+        if not ins.opname.startswith("STORE_FAST") or len(stored) >= 6:
+            break
+        stored.extend(names(ins))
+    if len(stored) < 3:
+        return "forward does not keep the aux result in a local variable"
+    var = stored[2]
+    if var in code.co_cellvars:
+        return f"forward shares {var} with a nested function"
+    uses = [i for i, ins in enumerate(instructions) if "FAST" in ins.opname and var in names(ins)]
+    loads = [i for i in uses if instructions[i].opname.startswith("LOAD")]
+    if len(uses) != 2 or len(loads) != 1:
+        return f"forward uses {var} {len(uses)} times, not once stored and once passed on"
+    end = next(
+        (
+            i
+            for i in range(store_calls[0], len(instructions))
+            if instructions[i].opname.startswith("CALL")
+        ),
+        len(instructions),
+    )
+    if not store_calls[0] < loads[0] < end:
+        return f"forward reads {var} outside its call of _get_hidden_states_to_store"
+    return None
+
+
+def _check_lazy(release: _Release, contract: Contract) -> str | None:
+    """NULL, LAST and FULL capture through the release's own
+    ``_get_hidden_states_to_store``: what it stores from the release's full
+    result, and from flatgather's lazy one."""
+    problem = aux_flow_problem(release.forward)
+    if problem:
+        return problem
+    gate = LazyGate()
+    lazy = make_pruned_states(release.pruned_states, contract, gate)
+    store = make_hidden_states_to_store(release.hidden_to_store)
+    kinds = ("list", "packed") if contract.packed_aux else ("list",)
+    extend, start = BATCHES[0]
+    for kind, capture, pad in itertools.product(kinds, ("NULL", "LAST", "FULL"), (0, PAD_ROWS)):
+        h, b, aux = _inputs(extend, torch.float32, False, kind, pad, 2)
+        expected_result, md_stock = _expected(release, contract, extend, start, h, b, aux)
+        md_stock.capture_hidden_mode = getattr(release.capture_mode, capture)
+        md_ours = release.metadata(extend, start, capture)
+        expected = _outcome(
+            release.hidden_to_store, None, h, b, aux, *expected_result[:4], md_stock
+        )
+        with lazy_scope(gate):
+            result = lazy(None, h, b, aux, md_ours)
+            actual = _outcome(store, None, h, b, aux, *result[:4], md_ours)
+        found = first_difference(actual, expected, f"stored hidden states ({capture}, {kind} aux)")
+        if found:
+            return found
+    return None
+
+
+def run(logits_processor: ModuleType) -> Verdict:
+    """Derive the running release's contract and verify flatgather against
+    it. Raises :class:`ProbeFailed` naming the first difference."""
+    started = time.perf_counter()
+    try:
+        release = _Release(logits_processor, None)
+        try:
+            contract = _derive(release)
+        except RuntimeError:
+            if torch.cuda.is_available():
+                raise
+            # Perhaps pinned memory, which this host cannot give: once more
+            # with pinning off.
+            release.no_pin = _NoPinWithoutCuda()
+            contract = _derive(release)
+    except Exception as exc:
+        raise ProbeFailed(
+            f"the release's _get_pruned_states could not be probed: {type(exc).__name__}: {exc}"
+        ) from exc
+    no_pin = release.no_pin
+    ours = make_pruned_states(release.pruned_states, contract)
+    cases = 0
+    # Two variants of every batch and aux kind cover both sides of the other
+    # axes: no before-norm states, no padding, float32; and all of them.
+    variants = ((False, 0, torch.float32), (True, PAD_ROWS, torch.bfloat16))
+    for (extend, start), aux_kind, (before_norm, pad, dtype) in itertools.product(
+        BATCHES, AUX_KINDS, variants
+    ):
+        h, b, aux = _inputs(extend, dtype, before_norm, aux_kind, pad, cases)
+        expected = _outcome(_expected, release, contract, extend, start, h, b, aux)
+        md_ours = release.metadata(extend, start)
+        with no_pin if no_pin is not None else nullcontext():
+            actual = _outcome(ours, None, h, b, aux, md_ours)
+        cases += 1
+        where = (
+            f"batch extend={extend} start={start}, {aux_kind} aux, "
+            f"{'with' if before_norm else 'no'} before-norm, {pad} padding rows, {dtype}"
+        )
+        if expected[0] == "returned":
+            (expected_result, md_stock) = expected[1]
+            expected = ("returned", (expected_result, vars(md_stock)))
+            if actual[0] == "returned":
+                actual = ("returned", (actual[1], vars(md_ours)))
+        found = first_difference(actual, expected, "outcome")
+        if found:
+            raise ProbeFailed(f"{where}: {found}; contract tried: {contract.describe()}")
+    found = _check_branches(release, ours)
+    if found:
+        raise ProbeFailed(f"branch taken differs: {found}")
+    lazy_problem = _check_lazy(release, contract)
+    return Verdict(
+        contract=contract,
+        lazy_aux=lazy_problem is None,
+        lazy_aux_note=lazy_problem or "",
+        cases=cases,
+        seconds=time.perf_counter() - started,
+        pin_neutralised=bool(no_pin and no_pin.hits),
+    )

@@ -1,0 +1,332 @@
+"""The replacement for ``LogitsProcessor._get_pruned_states``, and the lazy
+aux pruning that rides on it.
+
+Only the branch "prefill with input logprobs" is replaced; decode, verify,
+draft-extend-v2, prefill without logprobs, compiled code and CUDA-graph
+capture run the release's own code. Metadata the plan refuses but the release
+accepts (requests of length 0) also goes to the release's own code, so the
+answer is always the release's. ``hidden_states`` may have more rows than the
+batch has tokens (CUDA-graph buckets, DP-attention padding): those rows are
+never read. Fewer rows than tokens is a :class:`flatgather.PlanError`.
+
+Lazy aux pruning: in that branch SGLang gathers every logprob row of every
+EAGLE3 aux layer, yet ``forward`` only hands them to
+``_get_hidden_states_to_store``, which under LAST capture keeps the B sampled
+rows and under NULL capture none. Inside ``LogitsProcessor.forward`` the aux
+result is therefore a :class:`LazyAuxPruned` that the wrapped
+``_get_hidden_states_to_store`` resolves to exactly the rows it reads.
+Anywhere else, and under FULL capture, the aux layers are pruned in full as
+the release does.
+
+A :class:`LazyAuxPruned` must never reach the release's own
+``_get_hidden_states_to_store``, whatever ``uninstall()`` does meanwhile. A
+:class:`LazyGate` counts the forwards that may create one; ``uninstall()``
+closes the gate (forwards that start later gather eagerly), waits for the
+forwards in flight to leave, and only then restores the originals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from flatgather._core import PrunePlan
+from flatgather._errors import PlanError
+from flatgather._staging import stage
+
+__all__ = [
+    "Contract",
+    "LazyAuxPruned",
+    "LazyGate",
+    "lazy_scope",
+    "make_forward",
+    "make_hidden_states_to_store",
+    "make_pruned_states",
+    "uses_release_code",
+]
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What the running release's ``_get_pruned_states`` returns in its
+    logprob branch, as :mod:`flatgather.sglang.probe` found it."""
+
+    trailing_token_to_seq: bool
+    """``token_to_seq_idx`` ends with the last request's index once more
+    (releases before 0.5.16)."""
+    packed_aux: bool
+    """EAGLE3 aux hidden states may come as one packed tensor (0.5.17 on);
+    otherwise a packed tensor is handed to the release's own code."""
+    writes_cpu_indices: bool
+    """The branch stores ``sample_indices_cpu`` and
+    ``input_logprob_indices_cpu`` (lists) on the metadata (0.5.21 on)."""
+    prunes_aux: bool
+    """The branch prunes list aux layers (SGLang PR #21589). False means the
+    release drops them (0.5.10): flatgather then prunes them, the backport
+    ``aux-logprob-prune``."""
+
+    @property
+    def backports(self) -> tuple[str, ...]:
+        return () if self.prunes_aux else ("aux-logprob-prune",)
+
+    def describe(self) -> str:
+        return (
+            f"trailing token_to_seq entry: {'yes' if self.trailing_token_to_seq else 'no'}; "
+            f"packed aux: {'yes' if self.packed_aux else 'no'}; "
+            f"writes *_indices_cpu: {'yes' if self.writes_cpu_indices else 'no'}; "
+            f"prunes aux: {'yes' if self.prunes_aux else 'no (backported)'}"
+        )
+
+
+def uses_release_code(metadata) -> bool:
+    """True where the release's other branches apply: the same tests, in the
+    same order, as its ``_get_pruned_states`` (the probe checks this against
+    every ``ForwardMode`` of the running release)."""
+    mode = metadata.forward_mode
+    if mode.is_decode_or_idle() or mode.is_target_verify() or mode.is_draft_extend_v2():
+        return True
+    return mode.is_extend() and not metadata.extend_return_logprob
+
+
+def _check_rows(name: str, tensor: torch.Tensor, tokens: int) -> None:
+    if tensor.dim() == 0:
+        raise PlanError(f"{name} is a 0-d tensor; it needs one row per token", "bad_tensor")
+    rows = tensor.shape[0]
+    if rows < tokens:
+        raise PlanError(
+            f"{name} has {rows} rows, but the batch has {tokens} tokens", "too_few_rows"
+        )
+
+
+def _gather_aux(aux, index: torch.Tensor):
+    if isinstance(aux, torch.Tensor):
+        return aux.index_select(0, index)
+    return [layer.index_select(0, index) for layer in aux]
+
+
+class LazyAuxPruned:
+    """``aux_pruned_states`` not gathered yet: the aux layers and the plan's
+    device indices, to gather from once it is known which rows are read."""
+
+    __slots__ = ("aux", "gather", "sample")
+
+    def __init__(self, aux, gather: torch.Tensor, sample: torch.Tensor) -> None:
+        self.aux, self.gather, self.sample = aux, gather, sample
+
+    def resolve(self, capture_hidden_mode, sample_indices):
+        """The ``(aux_pruned_states, sample_indices)`` to hand to the
+        release's ``_get_hidden_states_to_store`` so that it stores what it
+        would have stored from the full result."""
+        if not capture_hidden_mode.need_capture():
+            return None, sample_indices  # never read
+        if capture_hidden_mode.is_last():
+            # pack(aux[gather])[sample] == pack(aux[gather[sample]]): gather
+            # the B sampled rows only, already in order, so no re-indexing.
+            return _gather_aux(self.aux, self.gather.index_select(0, self.sample)), None
+        return _gather_aux(self.aux, self.gather), sample_indices
+
+
+_lazy_scope: contextvars.ContextVar[LazyGate | None] = contextvars.ContextVar(
+    "flatgather_lazy_scope", default=None
+)
+
+
+class LazyGate:
+    """The forwards of one installation that may create a
+    :class:`LazyAuxPruned`, counted so that ``uninstall()`` can wait for them."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._open = True
+        self._inflight = 0
+
+    def enter(self) -> bool:
+        with self._cond:
+            if not self._open:
+                return False
+            self._inflight += 1
+            return True
+
+    def leave(self) -> None:
+        with self._cond:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._cond.notify_all()
+
+    def current(self) -> bool:
+        """Whether the caller runs inside a forward counted by this gate."""
+        return _lazy_scope.get() is self
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Let no new forward in, then wait for those in flight to leave.
+        On timeout the gate opens again and False is returned."""
+        with self._cond:
+            self._open = False
+            if self._cond.wait_for(lambda: self._inflight == 0, timeout):
+                return True
+            self._open = True
+            return False
+
+
+@contextlib.contextmanager
+def lazy_scope(gate: LazyGate) -> Iterator[None]:
+    """Run the body as the wrapped ``forward`` runs the release's: counted
+    by ``gate``, with lazy aux pruning on (while the gate is open)."""
+    if not gate.enter():
+        yield
+        return
+    token = _lazy_scope.set(gate)
+    try:
+        yield
+    finally:
+        _lazy_scope.reset(token)
+        gate.leave()
+
+
+def make_forward(original: Callable, gate: LazyGate) -> Callable:
+    """``forward`` marking its extent, so lazy aux pruning applies there alone."""
+
+    @functools.wraps(original)
+    def forward(self, *args, **kwargs):
+        # Compiled code sees the release's forward as is: no context variable,
+        # no lock, so Dynamo neither breaks the graph nor guards on us.
+        if torch.compiler.is_compiling() or not gate.enter():
+            return original(self, *args, **kwargs)
+        token = _lazy_scope.set(gate)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _lazy_scope.reset(token)
+            gate.leave()
+
+    return forward
+
+
+def make_hidden_states_to_store(original: Callable) -> Callable:
+    """``_get_hidden_states_to_store`` that resolves a :class:`LazyAuxPruned`."""
+
+    @functools.wraps(original)
+    def _get_hidden_states_to_store(
+        self,
+        hidden_states,
+        hidden_states_before_norm,
+        aux_hidden_states,
+        pruned_states,
+        pruned_states_before_norm,
+        aux_pruned_states,
+        sample_indices,
+        logits_metadata,
+    ):
+        if not torch.compiler.is_compiling() and isinstance(aux_pruned_states, LazyAuxPruned):
+            aux_pruned_states, sample_indices = aux_pruned_states.resolve(
+                logits_metadata.capture_hidden_mode, sample_indices
+            )
+        return original(
+            self,
+            hidden_states,
+            hidden_states_before_norm,
+            aux_hidden_states,
+            pruned_states,
+            pruned_states_before_norm,
+            aux_pruned_states,
+            sample_indices,
+            logits_metadata,
+        )
+
+    return _get_hidden_states_to_store
+
+
+def make_pruned_states(
+    original: Callable, contract: Contract, gate: LazyGate | None = None
+) -> Callable:
+    """A ``_get_pruned_states`` that returns what ``original`` returns under
+    ``contract``, with one plan, one host-to-device copy and one
+    ``index_select`` per tensor in the logprob branch. With a ``gate``, aux
+    layers are pruned lazily inside the forwards it counts."""
+
+    @functools.wraps(original)
+    def _get_pruned_states(
+        self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
+    ):
+        if torch.compiler.is_compiling() or uses_release_code(logits_metadata):
+            return original(
+                self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
+            )
+        packed = isinstance(aux_hidden_states, torch.Tensor)
+        device = hidden_states.device
+        if (packed and not contract.packed_aux) or (
+            device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        ):
+            # A packed tensor this release does not know, or a CUDA graph
+            # being captured (which must not capture a copy from our reused
+            # host buffers): the release's own code, as shipped.
+            return original(
+                self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
+            )
+        try:
+            plan = PrunePlan(
+                logits_metadata.extend_seq_lens_cpu, logits_metadata.extend_logprob_start_lens_cpu
+            )
+        except PlanError as exc:
+            if exc.kind != "zero_extend":
+                raise
+            # A request with no token (SGLang pads batches with them) is
+            # outside the plan; the release's code decides what it means.
+            return original(
+                self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
+            )
+        tokens = plan.num_tokens
+        _check_rows("hidden_states", hidden_states, tokens)
+        if hidden_states_before_norm is not None:
+            _check_rows("hidden_states_before_norm", hidden_states_before_norm, tokens)
+        if aux_hidden_states is not None:
+            if packed:
+                _check_rows("aux_hidden_states", aux_hidden_states, tokens)
+            else:
+                for j, layer in enumerate(aux_hidden_states):
+                    _check_rows(f"aux_hidden_states[{j}]", layer, tokens)
+
+        index = stage(
+            plan.buffer_len(False), functools.partial(plan.fill, token_to_seq=False), device
+        )
+        gather, sample_indices, input_logprob_indices = index.split_with_sizes(
+            (plan.num_pruned, plan.batch_size, plan.num_input_logprob)
+        )
+        pruned_states = hidden_states.index_select(0, gather)
+        pruned_states_before_norm = (
+            None
+            if hidden_states_before_norm is None
+            else hidden_states_before_norm.index_select(0, gather)
+        )
+        if aux_hidden_states is None:
+            aux_pruned_states = None
+        elif (
+            gate is not None
+            and gate.current()
+            and not logits_metadata.capture_hidden_mode.is_full()
+        ):
+            aux_pruned_states = LazyAuxPruned(aux_hidden_states, gather, sample_indices)
+        else:
+            aux_pruned_states = _gather_aux(aux_hidden_states, gather)
+
+        if contract.writes_cpu_indices:
+            logits_metadata.sample_indices_cpu = plan.sample_list()
+            logits_metadata.input_logprob_indices_cpu = plan.input_logprob_list()
+        token_to_seq_idx = plan.token_to_seq_list(contract.trailing_token_to_seq)
+        return (
+            pruned_states,
+            pruned_states_before_norm,
+            aux_pruned_states,
+            sample_indices,
+            input_logprob_indices,
+            token_to_seq_idx,
+        )
+
+    _get_pruned_states.__flatgather__ = contract
+    return _get_pruned_states

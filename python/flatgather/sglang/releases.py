@@ -1,0 +1,186 @@
+"""The SGLang releases flatgather is tested against: one table for CI, the
+tests, the README and ``flatgather doctor``.
+
+Each row says what the release's code does on the points where releases
+differ, as read off its wheel. ``install()`` never trusts this table: it asks
+the running release (:mod:`flatgather.sglang.probe`) and patches only what it
+verified. The table is what the CI matrix checks the probe against, what the
+README shows, and how ``install()`` tells "verified by the probe and by the
+test matrix" from "verified by the probe alone".
+
+Adding a release is one line here. This file uses the standard library only:
+``.ci/setup`` and ``.ci/test`` run it as a script (``python releases.py
+--help``) before flatgather is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["FULL_SUITE", "RELEASES", "Release", "by_version", "sglang_release"]
+
+# Loop shapes of EagleDraftWorker._draft_extend_for_prefill's rotation.
+IN_PLACE = "in-place"
+"""Rotates ``batch.input_ids`` in place."""
+NEW_TENSOR = "new-tensor"
+"""Writes a new tensor and assigns it to ``batch.input_ids``."""
+NEW_TENSOR_MM = "new-tensor+mm"
+"""As ``new-tensor``, and rotates ``mm_input_embeds`` alongside."""
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    trailing_token_to_seq: bool
+    """``token_to_seq_idx`` ends with the last request's index once more."""
+    packed_aux: bool
+    """The logprob branch handles EAGLE3 aux layers packed in one tensor."""
+    writes_cpu_indices: bool
+    """The logprob branch writes ``sample_indices_cpu`` and
+    ``input_logprob_indices_cpu`` on the metadata."""
+    prunes_aux: bool
+    """PR #21589's first fix: the logprob branch prunes list aux layers."""
+    draft_no_logprob: bool
+    """PR #21589's second fix: ``_draft_extend_for_prefill`` sets
+    ``forward_batch.return_logprob = False``."""
+    rotation: str
+    """The shape of ``_draft_extend_for_prefill``'s per-request loop."""
+    pins: tuple[str, ...] = ()
+    """Packages installed next to the release (``--no-deps``) so that it
+    imports on a CPU machine with the shared test environment."""
+    full_suite: bool = False
+    """CI runs the whole test suite against it; every release gets the
+    matrix tests (``-m matrix``)."""
+
+    @property
+    def backports(self) -> tuple[str, ...]:
+        """The fixes of SGLang PR #21589 that ``install()`` applies."""
+        return tuple(
+            name
+            for name, present in (
+                ("aux-logprob-prune", self.prunes_aux),
+                ("draft-prefill-no-logprob", self.draft_no_logprob),
+            )
+            if not present
+        )
+
+
+def _rows() -> tuple[Release, ...]:
+    tf_5_3 = ("transformers==5.3.0", "tokenizers==0.22.2", "huggingface-hub<2")
+    tf_5_6 = ("transformers==5.6.0", "tokenizers==0.22.2", "huggingface-hub<2")
+    tf_5_8 = ("transformers==5.8.1", "tokenizers==0.22.2", "huggingface-hub<2")
+    tf_5_12 = ("transformers==5.12.1", "tokenizers==0.22.2", "huggingface-hub<2")
+    old = dict(trailing_token_to_seq=True, packed_aux=False, writes_cpu_indices=False)
+    fixed = dict(prunes_aux=True, draft_no_logprob=True)
+    no_trailing = dict(trailing_token_to_seq=False, writes_cpu_indices=False)
+    packed = dict(trailing_token_to_seq=False, packed_aux=True, writes_cpu_indices=False)
+    latest = dict(trailing_token_to_seq=False, packed_aux=True, writes_cpu_indices=True)
+    unfixed = dict(prunes_aux=False, draft_no_logprob=False)
+    return (
+        Release("0.5.10", **old, **unfixed, rotation=IN_PLACE, pins=tf_5_3, full_suite=True),
+        Release("0.5.10.post1", **old, **unfixed, rotation=IN_PLACE, pins=tf_5_3),
+        Release("0.5.11", **old, **fixed, rotation=IN_PLACE, pins=tf_5_6),
+        Release("0.5.12", **old, **fixed, rotation=IN_PLACE, pins=tf_5_6),
+        Release("0.5.12.post1", **old, **fixed, rotation=IN_PLACE, pins=tf_5_6),
+        Release("0.5.13", **old, **fixed, rotation=IN_PLACE, pins=tf_5_8),
+        Release("0.5.13.post1", **old, **fixed, rotation=IN_PLACE, pins=tf_5_8),
+        Release("0.5.14", **old, **fixed, rotation=IN_PLACE, pins=tf_5_8),
+        Release("0.5.15", **old, **fixed, rotation=IN_PLACE, pins=tf_5_12, full_suite=True),
+        Release("0.5.15.post1", **old, **fixed, rotation=IN_PLACE, pins=tf_5_12),
+        Release(
+            "0.5.16", **no_trailing, packed_aux=False, **fixed, rotation=NEW_TENSOR, pins=tf_5_12
+        ),
+        Release("0.5.17", **packed, **fixed, rotation=NEW_TENSOR, pins=tf_5_12),
+        Release("0.5.18", **packed, **fixed, rotation=NEW_TENSOR, pins=tf_5_12),
+        Release("0.5.19", **packed, **fixed, rotation=NEW_TENSOR, pins=tf_5_12),
+        Release("0.5.20", **packed, **fixed, rotation=NEW_TENSOR_MM, pins=tf_5_12),
+        Release("0.5.21", **latest, **fixed, rotation=NEW_TENSOR_MM, pins=tf_5_12),
+        Release("0.5.22", **latest, **fixed, rotation=NEW_TENSOR_MM),
+        Release("0.5.23", **latest, **fixed, rotation=NEW_TENSOR_MM, full_suite=True),
+    )
+
+
+RELEASES: tuple[Release, ...] = _rows()
+FULL_SUITE: tuple[str, ...] = tuple(r.version for r in RELEASES if r.full_suite)
+
+
+def by_version(version: str | None) -> Release | None:
+    """The table's row for ``version``, or None."""
+    return next((r for r in RELEASES if r.version == version), None)
+
+
+def sglang_release() -> str | None:
+    """The version of the ``sglang`` that ``import sglang`` finds, or None.
+
+    Read from the distribution metadata next to that package, so that a
+    release put first on ``sys.path`` is reported rather than another one
+    installed elsewhere. Nothing of SGLang is imported.
+    """
+    spec = importlib.util.find_spec("sglang")
+    if spec is None:
+        return None
+    for location in spec.submodule_search_locations or ():
+        site = str(Path(location).parent)
+        for dist in importlib.metadata.distributions(name="sglang", path=[site]):
+            return dist.version
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def markdown() -> str:
+    """The README's support table."""
+    lines = [
+        "| SGLang | trailing `token_to_seq_idx` | packed aux | writes `*_indices_cpu` "
+        "| draft rotation loop | backports applied | CI |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in RELEASES:
+        backports = ", ".join(f"`{b}`" for b in r.backports) or "none"
+        ci = "full suite + matrix" if r.full_suite else "matrix"
+        lines.append(
+            f"| {r.version} | {_yes(r.trailing_token_to_seq)} | {_yes(r.packed_aux)} "
+            f"| {_yes(r.writes_cpu_indices)} | {r.rotation} | {backports} | {ci} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="releases.py", description="The SGLang releases flatgather is tested against."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    versions = sub.add_parser("versions", help="one version a line")
+    versions.add_argument(
+        "--full-suite", action="store_true", help="only those with the full suite"
+    )
+    pins = sub.add_parser("pins", help="the extra packages of one release, space-separated")
+    pins.add_argument("version")
+    sub.add_parser("markdown", help="the README's support table")
+    args = parser.parse_args(argv)
+    if args.command == "versions":
+        rows = [r for r in RELEASES if r.full_suite or not args.full_suite]
+        print("\n".join(r.version for r in rows))
+    elif args.command == "pins":
+        release = by_version(args.version)
+        if release is None:
+            print(f"unknown release {args.version}", file=sys.stderr)
+            return 2
+        print(" ".join(release.pins))
+    else:
+        sys.stdout.write(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

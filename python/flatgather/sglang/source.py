@@ -1,0 +1,185 @@
+"""The running release's own source, read and rebuilt with care.
+
+flatgather changes the middle of one SGLang method (see
+:mod:`flatgather.sglang.draft_prefill`) and reads the shape of another (lazy
+aux pruning). Both start from :func:`parse_method`, which proves that the
+source it parsed is the code that runs: the parsed ``def``, compiled as it
+was (inside a class of the same name, at the same line, after the module's
+imports, with its ``__future__`` flags), must give a code object equal to the function's own.
+A source file edited after import, a function replaced at run time or a
+compiled build all fail that check, and the caller leaves the method stock.
+
+:func:`build_method` compiles a rewritten ``def`` into a function that shares
+the original's globals, defaults and names, and whose line numbers are the
+release's, so tracebacks point into the release's file.
+"""
+
+from __future__ import annotations
+import __future__
+
+import ast
+import linecache
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["Method", "SourceMismatch", "build_method", "parse_method"]
+
+_FUTURE_MASK = 0
+for _name in __future__.all_feature_names:
+    _FUTURE_MASK |= getattr(__future__, _name).compiler_flag
+
+_FACTORY = "__flatgather_factory__"
+
+
+class SourceMismatch(Exception):
+    """The source found for a function is not the code that runs."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method of a class and the verified syntax tree of its source."""
+
+    owner: type
+    name: str
+    function: types.FunctionType
+    tree: ast.FunctionDef
+    filename: str
+    imports: list[ast.stmt]
+    """The module's top-level statements that import names."""
+
+
+def _node(cls: type[ast.AST], **fields) -> ast.AST:
+    """``cls(**fields)`` without the fields this Python's AST lacks
+    (``type_params`` arrived in 3.12)."""
+    return cls(**{k: v for k, v in fields.items() if k in cls._fields})
+
+
+def _class_module(imports: list[ast.stmt], owner_name: str, tree: ast.FunctionDef) -> ast.Module:
+    cls = _node(
+        ast.ClassDef,
+        name=owner_name,
+        bases=[],
+        keywords=[],
+        body=[tree],
+        decorator_list=[],
+        type_params=[],
+    )
+    ast.copy_location(cls, tree)
+    return ast.fix_missing_locations(ast.Module(body=[*imports, cls], type_ignores=[]))
+
+
+def _find_code(code: types.CodeType, name: str) -> types.CodeType | None:
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_name == name:
+                return const
+            found = _find_code(const, name)
+            if found is not None:
+                return found
+    return None
+
+
+def _compile(module: ast.Module, function: types.FunctionType) -> types.CodeType:
+    flags = function.__code__.co_flags & _FUTURE_MASK
+    return compile(module, function.__code__.co_filename, "exec", flags=flags, dont_inherit=True)
+
+
+def _binds_imports(stmt: ast.stmt) -> bool:
+    return any(isinstance(node, (ast.Import, ast.ImportFrom)) for node in ast.walk(stmt))
+
+
+def parse_method(owner: type, name: str) -> Method:
+    """The verified syntax tree of ``owner.<name>`` (a plain function in the
+    ``__dict__`` of a class defined at the top of its module). Raises
+    :class:`SourceMismatch` when the source cannot be found or does not
+    compile to the running code."""
+    where = f"{owner.__qualname__}.{name}"
+    function = vars(owner).get(name)
+    if not isinstance(function, types.FunctionType):
+        raise SourceMismatch(f"{where} is not a plain function")
+    if function.__code__.co_freevars:
+        raise SourceMismatch(f"{where} is a closure")
+    if owner.__qualname__ != owner.__name__:
+        raise SourceMismatch(f"{owner.__qualname__} is not defined at the top of its module")
+    filename = function.__code__.co_filename
+    # checkcache drops a cached copy whose file changed since it was read.
+    linecache.checkcache(filename)
+    lines = linecache.getlines(filename, function.__globals__)
+    if not lines:
+        raise SourceMismatch(f"no source for {where} ({filename})")
+    try:
+        module = ast.parse("".join(lines), filename)
+    except SyntaxError as exc:
+        raise SourceMismatch(f"the source of {where} does not parse: {exc}") from None
+    classes = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == owner.__name__]
+    defs = [
+        n for c in classes[-1:] for n in c.body if isinstance(n, ast.FunctionDef) and n.name == name
+    ]
+    if not defs:
+        raise SourceMismatch(f"{where} is not in {filename}")
+    # Which names the module imports changes the bytecode of calls on them
+    # (CPython does not use LOAD_METHOD on an imported module), so the
+    # module's imports are compiled along with the method.
+    imports = [stmt for stmt in module.body if _binds_imports(stmt)]
+    tree = defs[-1]
+    code = _find_code(_compile(_class_module(imports, owner.__name__, tree), function), name)
+    if code is None or code != function.__code__:
+        raise SourceMismatch(
+            f"the source of {where} in {filename} does not compile to the code that runs "
+            "(edited after import, or replaced at run time)"
+        )
+    return Method(owner, name, function, tree, filename, imports)
+
+
+def build_method(
+    method: Method, tree: ast.FunctionDef, closure: Mapping[str, object]
+) -> types.FunctionType:
+    """Compile ``tree`` (a rewritten copy of ``method.tree``) into a function
+    that reads ``closure``'s names as free variables and the module's globals
+    as the original does. Nothing is added to the module's namespace."""
+    params = ast.arguments(
+        posonlyargs=[],
+        args=[ast.arg(arg=n) for n in closure],
+        kwonlyargs=[],
+        kw_defaults=[],
+        defaults=[],
+    )
+    cls = _class_module([], method.owner.__name__, tree).body[0]
+    factory = _node(
+        ast.FunctionDef,
+        name=_FACTORY,
+        args=params,
+        body=[
+            cls,
+            ast.Return(
+                ast.Subscript(
+                    value=ast.Call(
+                        func=ast.Name("vars", ast.Load()),
+                        args=[ast.Name(method.owner.__name__, ast.Load())],
+                        keywords=[],
+                    ),
+                    slice=ast.Constant(method.name),
+                    ctx=ast.Load(),
+                )
+            ),
+        ],
+        decorator_list=[],
+        returns=None,
+        type_params=[],
+    )
+    ast.copy_location(factory, tree)
+    module = ast.fix_missing_locations(ast.Module(body=[*method.imports, factory], type_ignores=[]))
+    code = _find_code(_compile(module, method.function), _FACTORY)
+    assert code is not None
+    make = types.FunctionType(code, method.function.__globals__, _FACTORY)
+    built = make(*closure.values())
+    original = method.function
+    built.__defaults__ = original.__defaults__
+    built.__kwdefaults__ = original.__kwdefaults__
+    built.__qualname__ = original.__qualname__
+    built.__module__ = original.__module__
+    built.__doc__ = original.__doc__
+    built.__dict__.update(original.__dict__)
+    built.__wrapped__ = original
+    return built
