@@ -1,4 +1,5 @@
-"""A CPU-sized ``LogitsProcessor`` of the release under test.
+"""A CPU-sized ``LogitsProcessor`` of the release under test, and batches
+built the way the release builds them.
 
 Nothing is loaded: ``ServerArgs(model_path="dummy")`` is published as the
 process's server arguments, ``skip_all_gather=True`` keeps the processor off
@@ -9,21 +10,26 @@ head is a bare weight matrix, which is all the plain matmul path reads.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import types
 
 import torch
-from _sglang import CAPTURE_MODES, RELEASE, ForwardMode, LogitsMetadata, LogitsProcessor
+from _sglang import CAPTURE_MODES, ForwardMode, LogitsMetadata, LogitsProcessor, oracle_context
 
 
 def publish_server_args() -> None:
+    """Publish dummy server arguments the way the release does: through its
+    runtime context where it has one (0.5.22 on), else the global setter."""
     from sglang.srt.server_args import ServerArgs
 
     server_args = ServerArgs(model_path="dummy")
-    if RELEASE == "0.5.23":
-        from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
-
-        reset_context()
-        publish(server_args, role="test", ranks=SpawnRanks(world_rank=0))
+    try:
+        context = importlib.import_module("sglang.srt.runtime_context")
+    except ImportError:
+        context = None
+    if context is not None and hasattr(context, "publish"):
+        context.reset_context()
+        context.publish(server_args, role="test", ranks=context.SpawnRanks(world_rank=0))
     else:
         from sglang.srt.server_args import set_global_server_args_for_scheduler
 
@@ -39,13 +45,18 @@ def make_processor(vocab: int, hidden: int, seed: int = 0):
     return processor, lm_head
 
 
-def forward_metadata(extend, start, capture, input_ids, top_logprobs_nums, token_ids_logprobs):
-    """EXTEND metadata with input logprobs, as ``from_forward_batch`` builds it."""
-    next_ids, pt = [], 0
+def next_token_ids(extend, start, input_ids):
+    """The ids whose input logprobs are asked for, as the scheduler lists them."""
+    out, pt = [], 0
     for e, s in zip(extend, start, strict=True):
         seq = [*input_ids[pt : pt + e].tolist(), 0]
-        next_ids += seq[s + 1 : e + 1]
+        out += seq[s + 1 : e + 1]
         pt += e
+    return out
+
+
+def forward_metadata(extend, start, capture, input_ids, top_logprobs_nums, token_ids_logprobs):
+    """EXTEND metadata with input logprobs, as ``from_forward_batch`` builds it."""
     return LogitsMetadata(
         forward_mode=ForwardMode.EXTEND,
         capture_hidden_mode=CAPTURE_MODES[capture],
@@ -58,8 +69,63 @@ def forward_metadata(extend, start, capture, input_ids, top_logprobs_nums, token
         extend_logprob_pruned_lens_cpu=[e - s for e, s in zip(extend, start, strict=True)],
         top_logprobs_nums=list(top_logprobs_nums),
         token_ids_logprobs=list(token_ids_logprobs),
-        extend_input_logprob_token_ids_gpu=torch.tensor(next_ids, dtype=torch.int64),
+        extend_input_logprob_token_ids_gpu=torch.tensor(
+            next_token_ids(extend, start, input_ids), dtype=torch.int64
+        ),
     )
+
+
+class _ModelRunner:
+    """What ``ForwardBatch._pad_inputs_to_size`` reads of its model runner."""
+
+    class attn_backend:  # noqa: N801 - the attribute SGLang reads
+        @staticmethod
+        def get_cuda_graph_seq_len_fill_value():
+            return 1
+
+        @staticmethod
+        def get_cpu_graph_seq_len_fill_value():
+            return 1
+
+
+def padded_forward_batch(extend, start, capture, input_ids, top, token_ids, padded_tokens):
+    """A real ``ForwardBatch`` of the release, EXTEND with input logprobs,
+    padded to ``padded_tokens`` by the release's own ``_pad_inputs_to_size``
+    (as DP attention and attention-TP scatter pad it): the token tensors grow,
+    ``extend_seq_lens_cpu`` does not."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    bs, tokens = len(extend), sum(extend)
+    fields = {f.name for f in dataclasses.fields(ForwardBatch)}
+    values = dict(
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=bs,
+        input_ids=input_ids.clone(),
+        req_pool_indices=torch.arange(bs),
+        seq_lens=torch.tensor(extend),
+        seq_lens_cpu=torch.tensor(extend),
+        out_cache_loc=torch.arange(tokens),
+        seq_lens_sum=tokens,
+        positions=torch.cat([torch.arange(e) for e in extend]),
+        return_logprob=True,
+        extend_num_tokens=tokens,
+        extend_seq_lens=torch.tensor(extend, dtype=torch.int32),
+        extend_prefix_lens=torch.zeros(bs, dtype=torch.int32),
+        extend_seq_lens_cpu=list(extend),
+        extend_prefix_lens_cpu=[0] * bs,
+        extend_logprob_start_lens_cpu=list(start),
+        top_logprobs_nums=list(top),
+        token_ids_logprobs=list(token_ids),
+        extend_input_logprob_token_ids_gpu=torch.tensor(
+            next_token_ids(extend, start, input_ids), dtype=torch.int64
+        ),
+        capture_hidden_mode=CAPTURE_MODES[capture],
+        lora_ids=[None] * bs,
+    )
+    batch = ForwardBatch(**{k: v for k, v in values.items() if k in fields})
+    with oracle_context():
+        batch._pad_inputs_to_size(_ModelRunner, padded_tokens, bs)
+    return batch
 
 
 def output_fields(output) -> dict:

@@ -6,17 +6,29 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
+from contextlib import nullcontext
 
 import pytest
 import torch
-from conftest import RELEASE
+from conftest import RELEASE, ROW
+from torch.overrides import TorchFunctionMode
 
 if RELEASE is None:
     pytest.skip("no sglang on sys.path", allow_module_level=True)
+if ROW is None:
+    raise pytest.UsageError(f"sglang {RELEASE} is not in flatgather's release table")
 
-# A stand-in for the GPU-only sgl_kernel, which 0.5.10's eagle_worker_v2
-# imports (with submodules). Any attribute of any sgl_kernel module is a
-# callable that refuses to run: importing works, calling a kernel does not.
+# What the release does, from its row of the table (a matrix test checks the
+# row against the running code).
+PACKED_AUX = ROW.packed_aux
+PRUNES_AUX = ROW.prunes_aux  # False before SGLang PR #21589
+TRAILING_TOKEN_TO_SEQ = ROW.trailing_token_to_seq
+WRITES_CPU_INDICES = ROW.writes_cpu_indices
+DRAFT_NO_LOGPROB = ROW.draft_no_logprob
+
+# A stand-in for the GPU-only sgl_kernel, which eagle_worker_v2 imports
+# (with submodules). Any attribute of any sgl_kernel module is a callable
+# that refuses to run: importing works, calling a kernel does not.
 
 
 class _StandInKernelModule(types.ModuleType):
@@ -62,6 +74,7 @@ LogitsMetadata = lp.LogitsMetadata
 # The release's own functions, taken before any test can patch them.
 STOCK_PRUNED_STATES = vars(LogitsProcessor)["_get_pruned_states"]
 STOCK_HIDDEN_TO_STORE = vars(LogitsProcessor)["_get_hidden_states_to_store"]
+STOCK_FORWARD = vars(LogitsProcessor)["forward"]
 
 CAPTURE_MODES = {
     "NULL": CaptureHiddenMode.NULL,
@@ -69,8 +82,22 @@ CAPTURE_MODES = {
     "FULL": CaptureHiddenMode.FULL,
 }
 
-PACKED_AUX = RELEASE == "0.5.23"
-PRUNES_AUX = RELEASE != "0.5.10"  # 0.5.10 predates SGLang PR #21589
+
+class _UnpinnedWithoutCuda(TorchFunctionMode):
+    """0.5.12 builds its index tensors with ``pin_memory=True`` whatever the
+    host, so its own function cannot run without CUDA. The oracle runs it with
+    pinning off there: pinning changes no value."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if kwargs.get("pin_memory"):
+            kwargs = {**kwargs, "pin_memory": False}
+        return func(*args, **kwargs)
+
+
+def oracle_context():
+    """Where the release's own code runs as the oracle."""
+    return nullcontext() if torch.cuda.is_available() else _UnpinnedWithoutCuda()
 
 
 def metadata(extend, start, capture: str = "NULL", mode=ForwardMode.EXTEND, **extra):
@@ -86,20 +113,47 @@ def metadata(extend, start, capture: str = "NULL", mode=ForwardMode.EXTEND, **ex
     )
 
 
+def make_inputs(extend, seed, dtype, hidden, before_norm, aux_kind, layers, pad=0):
+    """hidden_states, before-norm states and aux layers for a batch, with
+    ``pad`` padding rows past the tokens, full of NaN: a read of them shows."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = sum(extend)
+
+    def tensor(width):
+        t = torch.randn(tokens + pad, width, generator=gen)
+        t[tokens:] = float("nan")
+        return t.to(dtype)
+
+    h = tensor(hidden)
+    b = tensor(hidden) if before_norm else None
+    if aux_kind == "none":
+        aux = None
+    elif aux_kind == "empty-list":
+        aux = []
+    elif aux_kind == "list":
+        aux = [tensor(hidden) for _ in range(layers)]
+    else:
+        aux = tensor(hidden * layers)
+    return h, b, aux
+
+
 def pruned_states(hidden, before_norm, aux, md):
     """Whatever ``LogitsProcessor._get_pruned_states`` is right now."""
-    return LogitsProcessor._get_pruned_states(None, hidden, before_norm, aux, md)
+    with oracle_context():
+        return LogitsProcessor._get_pruned_states(None, hidden, before_norm, aux, md)
 
 
 def stock_pruned_states(hidden, before_norm, aux, md):
-    return STOCK_PRUNED_STATES(None, hidden, before_norm, aux, md)
+    with oracle_context():
+        return STOCK_PRUNED_STATES(None, hidden, before_norm, aux, md)
 
 
-def hidden_to_store(hidden, before_norm, aux, result, md):
+def hidden_to_store(hidden, before_norm, aux, result, md, fn=None):
+    """What ``_get_hidden_states_to_store`` (the release's own, or ``fn``)
+    stores from a ``_get_pruned_states`` result."""
     pruned, pruned_before, aux_pruned, sample, _, _ = result
-    return STOCK_HIDDEN_TO_STORE(
-        None, hidden, before_norm, aux, pruned, pruned_before, aux_pruned, sample, md
-    )
+    fn = STOCK_HIDDEN_TO_STORE if fn is None else fn
+    return fn(None, hidden, before_norm, aux, pruned, pruned_before, aux_pruned, sample, md)
 
 
 def fixed_aux_oracle(aux, md_factory):
@@ -108,8 +162,26 @@ def fixed_aux_oracle(aux, md_factory):
     return [stock_pruned_states(layer, None, None, md_factory())[0] for layer in aux]
 
 
+def expected_pruned_states(extend, start, h, b, aux, md):
+    """The release's own result, with list aux layers pruned where the
+    release drops them (flatgather backports that fix)."""
+    result = stock_pruned_states(h, b, aux, md)
+    if isinstance(aux, list) and not PRUNES_AUX:
+        assert result[2] is None
+        result = (*result[:2], fixed_aux_oracle(aux, lambda: metadata(extend, start)), *result[3:])
+    return result
+
+
+def outcome(fn, *args):
+    try:
+        return ("returned", fn(*args))
+    except Exception as exc:  # compared by type: the same failure, or none
+        return ("raised", type(exc))
+
+
 def assert_same(actual, expected, path="result"):
-    """Same type, and for tensors same dtype, shape, device and bytes."""
+    """Same type, and for tensors same dtype, shape, device, contiguity and
+    bytes (NaN padding included)."""
     assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
     if isinstance(expected, torch.Tensor):
         assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"

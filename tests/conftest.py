@@ -3,7 +3,13 @@
 The releases live side by side (see .ci/setup); ``.ci/test`` runs the suite
 once per release with that release first on ``PYTHONPATH`` and
 ``FLATGATHER_TEST_RELEASE`` naming it, so a run can never silently test a
-different SGLang than the one it claims to.
+different SGLang than the one it claims to. The whole suite runs against the
+releases marked ``full_suite`` in flatgather's release table; every release
+runs the tests marked ``matrix``.
+
+Tests gate on what the release does (its row of the table: packed aux,
+trailing ``token_to_seq_idx`` entry, ...), never on its version string; a
+matrix test checks that the probe finds each row true of the running code.
 """
 
 from __future__ import annotations
@@ -12,10 +18,11 @@ import os
 
 import flatgather.sglang
 import pytest
-from flatgather.sglang import sglang_release
+from flatgather.sglang import releases
 from hypothesis import HealthCheck, settings
 
-RELEASE = sglang_release()
+RELEASE = releases.sglang_release()
+ROW = releases.by_version(RELEASE)
 
 settings.register_profile(
     "default",
@@ -27,6 +34,10 @@ settings.load_profile("default")
 
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "matrix: run against every release of the table, not only the full-suite ones"
+    )
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
     expected = os.environ.get("FLATGATHER_TEST_RELEASE")
     if expected and expected != RELEASE:
         raise pytest.UsageError(
@@ -35,7 +46,19 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    return f"sglang release under test: {RELEASE}"
+    row = "in the release table" if ROW else "NOT in the release table"
+    return f"sglang release under test: {RELEASE} ({row})"
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -1,13 +1,21 @@
 """A whole ``LogitsProcessor.forward`` on CPU, input logprobs requested:
-identical outputs with and without ``install()``."""
+identical outputs with and without ``install()``, including batches padded
+the way SGLang pads them (hidden_states past the tokens full of NaN)."""
 
 from __future__ import annotations
 
 import flatgather.sglang
+import pytest
 import torch
-from _forward import forward_metadata, make_processor, output_fields
-from _sglang import CAPTURE_MODES, PACKED_AUX, PRUNES_AUX, assert_same
+from _forward import (
+    forward_metadata,
+    make_processor,
+    output_fields,
+    padded_forward_batch,
+)
+from _sglang import CAPTURE_MODES, PACKED_AUX, PRUNES_AUX, assert_same, oracle_context
 from _strategies import batches
+from flatgather import PlanError
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,29 +23,51 @@ VOCAB, HIDDEN = 48, 8
 AUX_KINDS = ["none", "list"] + (["packed"] if PACKED_AUX else [])
 
 
-def run_forward(extend, start, capture, aux_kind, seed, top, token_ids, before_norm):
+def make_tensors(extend, seed, aux_kind, before_norm, pad):
     gen = torch.Generator().manual_seed(seed)
-    rows = sum(extend)
-    processor, lm_head = make_processor(VOCAB, HIDDEN, seed)
-    input_ids = torch.randint(0, VOCAB, (rows,), generator=gen)
-    hidden = torch.randn(rows, HIDDEN, generator=gen)
-    before = torch.randn(rows, HIDDEN, generator=gen) if before_norm else None
-    layers = [torch.randn(rows, HIDDEN, generator=gen) for _ in range(3)]
+    tokens = sum(extend)
+    input_ids = torch.randint(0, VOCAB, (tokens,), generator=gen)
+
+    def tensor(width=HIDDEN):
+        t = torch.randn(tokens + pad, width, generator=gen)
+        t[tokens:] = float("nan")  # padding: never to be read
+        return t
+
+    hidden = tensor()
+    before = tensor() if before_norm else None
+    layers = [tensor() for _ in range(3)]
     aux = {"none": None, "list": layers, "packed": torch.cat(layers, dim=-1)}[aux_kind]
-    md = forward_metadata(extend, start, capture, input_ids, top, token_ids)
-    return processor.forward(
-        input_ids, hidden, lm_head, md, aux_hidden_states=aux, hidden_states_before_norm=before
-    )
+    return input_ids, hidden, before, aux
 
 
-def both(*args):
+def run_forward(extend, start, capture, aux_kind, seed, top, token_ids, before_norm, pad=0,
+                sglang_padding=False):
+    """``forward`` with metadata built by hand, or (``sglang_padding``) with
+    a real ForwardBatch padded by the release's own ``_pad_inputs_to_size``."""
+    processor, lm_head = make_processor(VOCAB, HIDDEN, seed)
+    input_ids, hidden, before, aux = make_tensors(extend, seed, aux_kind, before_norm, pad)
+    if sglang_padding:
+        batch = padded_forward_batch(
+            extend, start, capture, input_ids, top, token_ids, sum(extend) + pad
+        )
+        input_ids, md = batch.input_ids, batch
+        assert input_ids.shape[0] == hidden.shape[0]
+    else:
+        md = forward_metadata(extend, start, capture, input_ids, top, token_ids)
+    with oracle_context():
+        return processor.forward(
+            input_ids, hidden, lm_head, md, aux_hidden_states=aux, hidden_states_before_norm=before
+        )
+
+
+def both(*args, **kwargs):
     flatgather.sglang.uninstall()
     try:
-        stock = output_fields(run_forward(*args))
+        stock = output_fields(run_forward(*args, **kwargs))
     except TypeError:
         stock = None  # only 0.5.10's LAST + aux crash, checked below
     flatgather.sglang.install()
-    ours = output_fields(run_forward(*args))
+    ours = output_fields(run_forward(*args, **kwargs))
     flatgather.sglang.uninstall()
     return stock, ours
 
@@ -46,8 +76,8 @@ def both(*args):
 def logprob_requests(draw):
     extend, start = draw(batches(max_batch=48, max_extend=24))
     top = draw(st.lists(st.integers(0, 3), min_size=len(extend), max_size=len(extend)))
-    # Token-id logprobs for every request or none: 0.5.10 and 0.5.15 index
-    # the ids of every scored request once any request asks.
+    # Token-id logprobs for every request or none: older releases index the
+    # ids of every scored request once any request asks.
     ids = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=3)
     if draw(st.booleans()):
         token_ids = draw(st.lists(ids, min_size=len(extend), max_size=len(extend)))
@@ -56,22 +86,48 @@ def logprob_requests(draw):
     return extend, start, top, token_ids
 
 
+def check(stock, ours, extend, capture, aux_kind):
+    if stock is None:
+        # Before PR #21589: LAST capture with aux layers crashes the release.
+        assert not PRUNES_AUX and capture == "LAST" and aux_kind == "list"
+        assert ours["hidden_states"].shape == (len(extend), 3 * HIDDEN)
+        return
+    assert_same(ours, stock)
+    for name in ("next_token_logits", "input_token_logprobs"):
+        assert not ours[name].isnan().any(), f"{name} read a padding row"
+
+
+@pytest.mark.matrix
 @given(
     request=logprob_requests(),
     capture=st.sampled_from(list(CAPTURE_MODES)),
     aux_kind=st.sampled_from(AUX_KINDS),
     seed=st.integers(0, 2**16),
     before_norm=st.booleans(),
+    pad=st.sampled_from([0, 0, 1, 5, 40]),
+    sglang_padding=st.booleans(),
 )
-def test_forward_outputs_identical(request, capture, aux_kind, seed, before_norm):
+def test_forward_outputs_identical(request, capture, aux_kind, seed, before_norm, pad,
+                                   sglang_padding):
     extend, start, top, token_ids = request
-    stock, ours = both(extend, start, capture, aux_kind, seed, top, token_ids, before_norm)
-    if stock is None:
-        # 0.5.10 without the backport: LAST capture with aux layers crashes.
-        assert not PRUNES_AUX and capture == "LAST" and aux_kind == "list"
-        assert ours["hidden_states"].shape == (len(extend), 3 * HIDDEN)
-        return
-    assert_same(ours, stock)
+    stock, ours = both(
+        extend, start, capture, aux_kind, seed, top, token_ids, before_norm, pad,
+        sglang_padding=sglang_padding,
+    )
+    check(stock, ours, extend, capture, aux_kind)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("capture", list(CAPTURE_MODES))
+@pytest.mark.parametrize("aux_kind", AUX_KINDS)
+@pytest.mark.parametrize("before_norm", [False, True])
+def test_padded_by_sglang_itself(capture, aux_kind, before_norm):
+    """The release's own ``_pad_inputs_to_size`` pads the batch to a bucket
+    (as DP attention and attention-TP scatter do): same outputs, no NaN read."""
+    args = ([4, 5, 6], [0, 5, 3], capture, aux_kind, 3, [2, 0, 1], [[1, 2], [4], [3]],
+            before_norm, 17)
+    stock, ours = both(*args, sglang_padding=True)
+    check(stock, ours, [4, 5, 6], capture, aux_kind)
 
 
 def test_seed_example_forward_with_everything_requested():
@@ -80,3 +136,13 @@ def test_seed_example_forward_with_everything_requested():
     assert_same(ours, stock)
     assert ours["input_token_logprobs"].shape == (7,)
     assert ours["next_token_logits"].shape == (3, VOCAB)
+
+
+def test_fewer_rows_than_tokens_fails_loudly_in_forward():
+    flatgather.sglang.install()
+    processor, lm_head = make_processor(VOCAB, HIDDEN)
+    input_ids, hidden, _, _ = make_tensors([4, 5, 6], 0, "none", False, 0)
+    md = forward_metadata([4, 5, 6], [0, 5, 3], "NULL", input_ids, [0] * 3, [None] * 3)
+    with pytest.raises(PlanError) as info:
+        processor.forward(input_ids, hidden[:12], lm_head, md)
+    assert info.value.kind == "too_few_rows"

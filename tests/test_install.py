@@ -1,60 +1,171 @@
-"""install() / uninstall(): idempotent, exact restore, refusal of untested releases."""
+"""install() / uninstall(): the probe decides, nothing wrong is ever patched,
+and uninstall() restores the exact original objects."""
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import flatgather.sglang as fs
 import pytest
-from _sglang import RELEASE, STOCK_PRUNED_STATES, LogitsProcessor
-from flatgather.sglang import _contracts
+import torch
+from _sglang import (
+    PRUNES_AUX,
+    ROW,
+    STOCK_FORWARD,
+    STOCK_HIDDEN_TO_STORE,
+    STOCK_PRUNED_STATES,
+    LogitsProcessor,
+    lp,
+)
+from flatgather.sglang import probe, releases
 
 
 def current():
     return vars(LogitsProcessor)["_get_pruned_states"]
 
 
-def test_install_is_idempotent_and_uninstall_restores_the_original_object():
+@pytest.mark.matrix
+def test_the_probe_finds_the_table_row_true_of_the_running_release():
+    verdict = probe.run(lp)
+    contract = verdict.contract
+    assert (
+        contract.trailing_token_to_seq,
+        contract.packed_aux,
+        contract.writes_cpu_indices,
+        contract.prunes_aux,
+    ) == (ROW.trailing_token_to_seq, ROW.packed_aux, ROW.writes_cpu_indices, ROW.prunes_aux)
+    assert verdict.lazy_aux, verdict.lazy_aux_note
+    assert verdict.cases >= 30
+
+
+@pytest.mark.matrix
+def test_install_reports_what_it_verified_and_applied():
+    report = fs.install()
+    assert report.release == ROW.version
+    assert report.verified_by == "probe and test matrix"
+    assert report.lazy_aux
+    assert report.backports == (() if PRUNES_AUX else ("aux-logprob-prune",))
+    assert report.probe_seconds > 0
+    assert set(report.patched) == {
+        f"{lp.__name__}.LogitsProcessor.{name}"
+        for name in ("_get_pruned_states", "_get_hidden_states_to_store", "forward")
+    }
+
+
+@pytest.mark.matrix
+def test_install_is_idempotent_and_uninstall_restores_the_original_objects():
+    before = dict(vars(LogitsProcessor))
     assert not fs.is_installed()
     first = fs.install()
     patched = current()
     assert fs.install() == first and current() is patched
-    assert fs.is_installed() and first.release == RELEASE
+    assert fs.is_installed()
     assert fs.uninstall() is True
+    assert dict(vars(LogitsProcessor)) == before
     assert current() is STOCK_PRUNED_STATES
+    assert vars(LogitsProcessor)["forward"] is STOCK_FORWARD
+    assert vars(LogitsProcessor)["_get_hidden_states_to_store"] is STOCK_HIDDEN_TO_STORE
     assert fs.uninstall() is False
     assert not fs.is_installed()
-
-
-def test_cycles_leave_no_trace():
     for _ in range(5):
         fs.install()
-        assert current() is not STOCK_PRUNED_STATES
         fs.uninstall()
-        assert current() is STOCK_PRUNED_STATES
+    assert dict(vars(LogitsProcessor)) == before
     assert fs.installed_report() is None
 
 
-def test_untested_release_is_refused_naming_the_tested_ones(monkeypatch):
-    monkeypatch.setattr(_contracts, "sglang_release", lambda: "0.4.9")
-    monkeypatch.setattr(fs, "sglang_release", lambda: "0.4.9")
+def _wrap_release(monkeypatch, change):
+    """Replace the release's function by one whose result ``change`` alters:
+    a release flatgather has not seen."""
+
+    @functools.wraps(STOCK_PRUNED_STATES)
+    def altered(self, hidden, before, aux, md):
+        result = STOCK_PRUNED_STATES(self, hidden, before, aux, md)
+        if result[3] is not None:  # the logprob branch: the only one with sample indices
+            result = change(list(result), md)
+        return tuple(result)
+
+    monkeypatch.setattr(LogitsProcessor, "_get_pruned_states", altered)
+    return altered
+
+
+def _shift_sample(result, md):
+    result[3] = result[3] + 1
+    return result
+
+
+def _append_zero(result, md):
+    result[5] = [*result[5], 0]
+    return result
+
+
+def _append_last(result, md):
+    result[5] = [*result[5], len(md.extend_seq_lens_cpu) - 1]
+    return result
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize(
+    ("change", "field"), [(_shift_sample, "sample_indices"), (_append_zero, "token_to_seq_idx")]
+)
+def test_a_release_no_contract_fits_is_refused_and_left_untouched(monkeypatch, change, field):
+    altered = _wrap_release(monkeypatch, change)
+    before = dict(vars(LogitsProcessor))
     with pytest.raises(fs.UnsupportedRelease) as info:
         fs.install()
-    for release in ("0.4.9", "0.5.23", "0.5.15", "0.5.10", "force=True"):
-        assert release in str(info.value)
-    assert current() is STOCK_PRUNED_STATES and not fs.is_installed()
+    message = str(info.value)
+    assert field in message and "Nothing was patched" in message
+    assert "expected" in message and "got" in message
+    assert dict(vars(LogitsProcessor)) == before and current() is altered
+    assert not fs.is_installed()
 
 
-def test_force_uses_the_nearest_older_tested_contract(monkeypatch):
-    monkeypatch.setattr(fs, "sglang_release", lambda: "0.5.16")
-    report = fs.install(force=True)
-    assert report.release == "0.5.16"
-    assert current().__flatgather__.trailing_token_to_seq is True  # as 0.5.15
-    assert _contracts.contract_for("0.5.99", force=True).packed_aux is True  # as 0.5.23
-    assert _contracts.contract_for("0.4.1", force=True).backports  # as 0.5.10
+@pytest.mark.skipif(ROW.trailing_token_to_seq, reason="the release has the trailing entry")
+def test_a_changed_release_that_a_contract_fits_is_patched_with_that_contract(monkeypatch):
+    """Appending the last request's index is the older releases' contract:
+    the probe finds it, verifies it, and says the code differs from the wheel."""
+    _wrap_release(monkeypatch, _append_last)
+    report = fs.install()
+    assert report.contract.trailing_token_to_seq is True
+    assert any("differs from the published wheel" in note for note in report.notes)
+
+
+def test_a_release_outside_the_table_is_verified_by_the_probe_alone(monkeypatch):
+    monkeypatch.setattr(fs, "sglang_release", lambda: "0.5.99")
+    report = fs.install()
+    assert report.release == "0.5.99" and report.verified_by == "probe"
+    assert any("not in flatgather's test matrix" in note for note in report.notes)
+
+
+def test_force_is_accepted_changes_nothing_and_says_so():
+    with pytest.warns(DeprecationWarning, match="no longer needed"):
+        forced = fs.install(force=True)
+    fs.uninstall()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plain = fs.install()
+    assert forced.contract == plain.contract and forced.patched == plain.patched
+
+
+def test_lazy_aux_stays_off_when_the_release_forward_uses_the_aux_result_elsewhere():
+    def forward(self, hidden, aux):
+        pruned, before, aux_pruned, sample, lp_idx, t2s = self._get_pruned_states(hidden)
+        stored = self._get_hidden_states_to_store(aux_pruned)
+        return stored, aux_pruned  # read a second time: a lazy object would leak
+
+    assert "2 times" in probe.aux_flow_problem(forward) or probe.aux_flow_problem(forward)
+    assert probe.aux_flow_problem(STOCK_FORWARD) is None
 
 
 def test_detected_release_is_the_one_on_sys_path():
     import importlib.metadata
 
-    assert fs.sglang_release() == RELEASE
-    assert RELEASE in fs.SUPPORTED_RELEASES
-    assert importlib.metadata.version("sglang") == RELEASE
+    assert releases.sglang_release() == ROW.version
+    assert ROW.version in fs.SUPPORTED_RELEASES
+    assert importlib.metadata.version("sglang") == ROW.version
+
+
+def test_probe_results_do_not_depend_on_cuda_being_initialised():
+    fs.install()
+    assert not torch.cuda.is_initialized()

@@ -7,7 +7,7 @@ import flatgather.sglang
 import pytest
 import torch
 from _forward import output_fields
-from _sglang import PACKED_AUX, PRUNES_AUX, assert_same, fixed_aux_oracle, metadata, pruned_states
+from _sglang import PACKED_AUX, assert_same, expected_pruned_states, metadata, pruned_states
 from test_forward import HIDDEN, run_forward
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -30,23 +30,26 @@ class RowsGathered(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def aux_rows_gathered(capture, aux_kind, lazy):
-    flatgather.sglang.install(lazy_aux=lazy)
+def aux_rows_gathered(capture, aux_kind, lazy, pad=0):
+    report = flatgather.sglang.install(lazy_aux=lazy)
+    assert report.lazy_aux is lazy
     widths = {HIDDEN * 3} if aux_kind == "packed" else {HIDDEN}
-    args = (EXTEND, START, capture, aux_kind, 1, [0] * 32, [None] * 32, False)
+    args = (EXTEND, START, capture, aux_kind, 1, [0] * 32, [None] * 32, False, pad)
     with RowsGathered(widths) as counter:
         out = output_fields(run_forward(*args))
     flatgather.sglang.uninstall()
     return counter.rows, out
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("aux_kind", AUX_KINDS)
 @pytest.mark.parametrize(("capture", "rows_per_layer"), [("LAST", 32), ("NULL", 0)])
-def test_forward_gathers_only_the_stored_aux_rows(aux_kind, capture, rows_per_layer):
+@pytest.mark.parametrize("pad", [0, 9])
+def test_forward_gathers_only_the_stored_aux_rows(aux_kind, capture, rows_per_layer, pad):
     layers = 1 if aux_kind == "packed" else 3
     # hidden_states itself is as wide as one aux layer: its kept rows count too.
-    eager, eager_out = aux_rows_gathered(capture, aux_kind, lazy=False)
-    lazy, lazy_out = aux_rows_gathered(capture, aux_kind, lazy=True)
+    eager, eager_out = aux_rows_gathered(capture, aux_kind, lazy=False, pad=pad)
+    lazy, lazy_out = aux_rows_gathered(capture, aux_kind, lazy=True, pad=pad)
     kept = flatgather.prune_plan(EXTEND, START).num_pruned
     hidden_rows = kept if aux_kind == "list" else 0
     assert eager == hidden_rows + layers * kept
@@ -68,14 +71,7 @@ def test_callers_outside_forward_get_the_full_aux_result(aux_kind):
     h = torch.randn(rows, HIDDEN)
     layers = [torch.randn(rows, HIDDEN) for _ in range(3)]
     aux = layers if aux_kind == "list" else torch.cat(layers, dim=-1)
-    flatgather.sglang.uninstall()
-    expected = pruned_states(h, None, aux, metadata(EXTEND, START, "LAST"))
-    if not PRUNES_AUX:  # 0.5.10 drops them; the backport prunes them in full
-        expected = (
-            *expected[:2],
-            fixed_aux_oracle(aux, lambda: metadata(EXTEND, START)),
-            *expected[3:],
-        )
+    expected = expected_pruned_states(EXTEND, START, h, None, aux, metadata(EXTEND, START, "LAST"))
     flatgather.sglang.install(lazy_aux=True)
     actual = pruned_states(h, None, aux, metadata(EXTEND, START, "LAST"))
     assert_same(actual, expected)

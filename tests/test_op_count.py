@@ -1,6 +1,6 @@
 """aten ops dispatched per call: the stock logprob branch grows with the
 batch (about 4 per request); the installed one does not (at most L + 4 for
-L aux layers, before-norm states included)."""
+L aux layers, before-norm states included), padded or not."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count(batch, layers, packed=False, before_norm=True):
+def count(batch, layers, packed=False, before_norm=True, pad=0):
     extend = [16] * batch
     start = [i % 17 for i in range(batch)]  # start 0 .. 16 == extend: every kind
-    rows = sum(extend)
+    rows = sum(extend) + pad
     h = torch.randn(rows, 8)
     b = torch.randn(rows, 8) if before_norm else None
     if packed:
@@ -39,18 +39,19 @@ def count(batch, layers, packed=False, before_norm=True):
 
 @pytest.mark.parametrize("batch", [1, 16, 256, 1024])
 @pytest.mark.parametrize("layers", [0, 3])
-def test_installed_op_count_does_not_grow_with_batch(batch, layers):
-    stock = count(batch, layers)
+@pytest.mark.parametrize("pad", [0, 13])
+def test_installed_op_count_does_not_grow_with_batch(batch, layers, pad):
+    stock = count(batch, layers, pad=pad)
     flatgather.sglang.install()
-    ours = count(batch, layers)
+    ours = count(batch, layers, pad=pad)
     assert len(ours) <= layers + 4, ours
     assert ours.count("index_select") == layers + 2
-    # The stock loop slices every tensor it prunes once per request (0.5.10
-    # drops the aux layers instead of pruning them).
+    # The stock loop slices every tensor it prunes once per request (before
+    # PR #21589 it drops the aux layers instead of pruning them).
     assert len(stock) >= batch * ((layers if PRUNES_AUX else 0) + 2)
 
 
-@pytest.mark.skipif(not PACKED_AUX, reason="packed aux is 0.5.23's")
+@pytest.mark.skipif(not PACKED_AUX, reason="the release has no packed aux")
 @pytest.mark.parametrize("batch", [1, 256])
 def test_packed_aux_is_one_index_select(batch):
     flatgather.sglang.install()

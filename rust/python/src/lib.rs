@@ -198,15 +198,9 @@ fn extract_len(item: &Bound<'_, PyAny>, field: Field, request: Option<usize>) ->
         }
     }
     if ty.hasattr(intern!(py, "__index__"))? {
-        let value = index(item)?;
-        if value.is_instance_of::<PyBool>() {
-            return Err(not_an_integer(
-                field,
-                request,
-                format!("{} whose __index__ gives a bool", describe(item)),
-            ));
-        }
-        return int_to_i64(&value, field, request);
+        // Python's own conversion: a bool returned by __index__ becomes an
+        // int (with Python's DeprecationWarning), as operator.index does.
+        return int_to_i64(&index(item)?, field, request);
     }
     Err(not_an_integer(field, request, describe(item)))
 }

@@ -1,8 +1,13 @@
 """The installed ``_get_pruned_states`` against the release's own, on the
-same inputs: same 6-tuple, same types, same bytes, same side effects, and
-the same hidden states stored by the release's ``_get_hidden_states_to_store``."""
+same inputs: same 6-tuple, same types, same bytes, same side effects on the
+metadata, and the same hidden states stored by the release's
+``_get_hidden_states_to_store``. ``hidden_states`` may carry padding rows past
+the tokens (full of NaN here), as CUDA-graph buckets and DP attention leave
+them; fewer rows than tokens is a PlanError."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import flatgather.sglang
 import pytest
@@ -10,65 +15,41 @@ import torch
 from _sglang import (
     CAPTURE_MODES,
     PACKED_AUX,
-    PRUNES_AUX,
-    RELEASE,
+    TRAILING_TOKEN_TO_SEQ,
     ForwardMode,
+    LogitsMetadata,
     assert_same,
-    fixed_aux_oracle,
+    expected_pruned_states,
     hidden_to_store,
+    make_inputs,
     metadata,
+    outcome,
     pruned_states,
-    stock_pruned_states,
 )
 from _strategies import batches
+from flatgather import PlanError
 from hypothesis import given
 from hypothesis import strategies as st
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-AUX_KINDS = ["none", "list", "empty-list"] + (["packed"] if PACKED_AUX else [])
+AUX_KINDS = ["none", "list", "empty-list", "packed"]
 
 
-def make_inputs(extend, seed, dtype, hidden, before_norm, aux_kind, layers):
-    gen = torch.Generator().manual_seed(seed)
-    rows = sum(extend)
-
-    def tensor(width):
-        return torch.randn(rows, width, generator=gen).to(dtype)
-
-    h = tensor(hidden)
-    b = tensor(hidden) if before_norm else None
-    if aux_kind == "none":
-        aux = None
-    elif aux_kind == "empty-list":
-        aux = []
-    elif aux_kind == "list":
-        aux = [tensor(hidden) for _ in range(layers)]
-    else:
-        aux = tensor(hidden * layers)
-    return h, b, aux
+def metadata_state(md) -> dict:
+    return {f.name: getattr(md, f.name) for f in dataclasses.fields(LogitsMetadata)}
 
 
 def compare(extend, start, h, b, aux, capture):
     """Run stock and installed on equal inputs and compare everything."""
     flatgather.sglang.uninstall()
     md_stock = metadata(extend, start, capture)
-    expected = stock_pruned_states(h, b, aux, md_stock)
+    expected = expected_pruned_states(extend, start, h, b, aux, md_stock)
     flatgather.sglang.install()
     md_ours = metadata(extend, start, capture)
     actual = pruned_states(h, b, aux, md_ours)
-
-    if isinstance(aux, list) and not PRUNES_AUX:
-        # 0.5.10 drops the aux layers here; the backport prunes them as later
-        # releases do, computed by this release's own code layer by layer.
-        assert expected[2] is None
-        expected = (
-            *expected[:2],
-            fixed_aux_oracle(aux, lambda: metadata(extend, start)),
-            *expected[3:],
-        )
     assert_same(actual, expected)
-    for name in ("sample_indices_cpu", "input_logprob_indices_cpu"):
-        assert_same(getattr(md_ours, name, None), getattr(md_stock, name, None), name)
+    # Every field of the metadata, including what the release writes on it.
+    assert_same(metadata_state(md_ours), metadata_state(md_stock), "metadata")
     stored = outcome(hidden_to_store, h, b, aux, actual, md_ours)
     stored_stock = outcome(hidden_to_store, h, b, aux, expected, md_stock)
     # An empty aux list fails in the release's own torch.cat under LAST
@@ -77,13 +58,7 @@ def compare(extend, start, h, b, aux, capture):
     return actual
 
 
-def outcome(fn, *args):
-    try:
-        return ("returned", fn(*args))
-    except Exception as exc:  # compared by type: the same failure, or none
-        return ("raised", type(exc))
-
-
+@pytest.mark.matrix
 @given(
     batch=batches(),
     seed=st.integers(0, 2**31),
@@ -93,15 +68,18 @@ def outcome(fn, *args):
     aux_kind=st.sampled_from(AUX_KINDS),
     layers=st.integers(1, 3),
     capture=st.sampled_from(list(CAPTURE_MODES)),
+    pad=st.sampled_from([0, 0, 1, 7, 64]),
 )
-def test_installed_equals_stock(batch, seed, dtype, hidden, before_norm, aux_kind, layers, capture):
+def test_installed_equals_stock(
+    batch, seed, dtype, hidden, before_norm, aux_kind, layers, capture, pad
+):
     extend, start = batch
-    h, b, aux = make_inputs(extend, seed, dtype, hidden, before_norm, aux_kind, layers)
+    h, b, aux = make_inputs(extend, seed, dtype, hidden, before_norm, aux_kind, layers, pad)
     compare(extend, start, h, b, aux, capture)
 
 
 def test_seed_example_through_sglang():
-    h, b, aux = make_inputs([4, 5, 6], 0, torch.float32, 4, True, "list", 3)
+    h, b, aux = make_inputs([4, 5, 6], 0, torch.float32, 4, True, "list", 3, pad=5)
     pruned, before, aux_pruned, sample, input_logprob, token_to_seq = compare(
         [4, 5, 6], [0, 5, 3], h, b, aux, "LAST"
     )
@@ -110,8 +88,9 @@ def test_seed_example_through_sglang():
     assert all(torch.equal(a, layer[rows]) for a, layer in zip(aux_pruned, aux, strict=True))
     assert sample.tolist() == [3, 4, 7]
     assert input_logprob.tolist() == [0, 1, 2, 3, 5, 6, 7]
-    trailing = [2] if RELEASE in ("0.5.10", "0.5.15") else []
+    trailing = [2] if TRAILING_TOKEN_TO_SEQ else []
     assert token_to_seq == [0, 0, 0, 0, 1, 2, 2, 2, *trailing]
+    assert not pruned.isnan().any()  # no padding row was read
 
 
 @pytest.mark.parametrize(
@@ -129,9 +108,39 @@ def test_seed_example_through_sglang():
 )
 @pytest.mark.parametrize("aux_kind", AUX_KINDS)
 @pytest.mark.parametrize("capture", list(CAPTURE_MODES))
-def test_named_edge_cases(extend, start, aux_kind, capture):
-    h, b, aux = make_inputs(extend, 1, torch.bfloat16, 8, True, aux_kind, 3)
+@pytest.mark.parametrize("pad", [0, 3])
+def test_named_edge_cases(extend, start, aux_kind, capture, pad):
+    h, b, aux = make_inputs(extend, 1, torch.bfloat16, 8, True, aux_kind, 3, pad)
     compare(extend, start, h, b, aux, capture)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("tensor", ["hidden", "before_norm", "aux"])
+def test_fewer_rows_than_tokens_is_a_plan_error(tensor):
+    extend, start = [4, 5, 6], [0, 5, 3]
+    h, b, aux = make_inputs(extend, 3, torch.float32, 4, True, "list", 2)
+    if tensor == "hidden":
+        h = h[:14]
+    elif tensor == "before_norm":
+        b = b[:14]
+    else:
+        aux = [aux[0], aux[1][:10]]
+    flatgather.sglang.install()
+    with pytest.raises(PlanError) as info:
+        pruned_states(h, b, aux, metadata(extend, start))
+    assert info.value.kind == "too_few_rows" and "15 tokens" in str(info.value)
+
+
+@pytest.mark.matrix
+def test_zero_length_requests_get_the_release_answer():
+    """A request of length 0 is outside the plan; the installed function
+    hands such a batch to the release's own code, so the answer (or the
+    error) is the release's."""
+    extend, start = [3, 0, 2], [0, 0, 1]
+    h, b, aux = make_inputs(extend, 4, torch.float32, 4, False, "none", 1, pad=2)
+    expected = outcome(expected_pruned_states, extend, start, h, b, aux, metadata(extend, start))
+    flatgather.sglang.install()
+    assert_same(outcome(pruned_states, h, b, aux, metadata(extend, start)), expected)
 
 
 @pytest.mark.parametrize(
@@ -155,11 +164,20 @@ def test_other_branches_run_the_release_code(mode):
     assert_same(actual, expected)
 
 
+@pytest.mark.skipif(PACKED_AUX, reason="the release handles packed aux itself")
+def test_packed_aux_goes_to_the_release_where_it_has_no_packed_aux():
+    extend, start = [4, 5, 6], [0, 5, 3]
+    h, b, aux = make_inputs(extend, 5, torch.float32, 4, False, "packed", 2)
+    expected = outcome(pruned_states, h, b, aux, metadata(extend, start))
+    flatgather.sglang.install()
+    assert_same(outcome(pruned_states, h, b, aux, metadata(extend, start)), expected)
+
+
 def test_installed_function_is_marked_and_wraps_the_original():
     from _sglang import STOCK_PRUNED_STATES, LogitsProcessor
 
-    flatgather.sglang.install()
+    report = flatgather.sglang.install()
     patched = vars(LogitsProcessor)["_get_pruned_states"]
     assert patched is not STOCK_PRUNED_STATES
     assert patched.__wrapped__ is STOCK_PRUNED_STATES
-    assert patched.__flatgather__.release == RELEASE
+    assert patched.__flatgather__ == report.contract

@@ -1,0 +1,192 @@
+"""``install()`` / ``uninstall()`` racing forwards that are running.
+
+The lazy aux object made by the patched ``_get_pruned_states`` must never
+reach the release's own ``_get_hidden_states_to_store``, whatever the
+interleaving. ``uninstall()`` lets no new forward go lazy, waits for those in
+flight, then restores everything at once."""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import time
+
+import flatgather.sglang as fs
+import pytest
+from _forward import forward_metadata, make_processor, output_fields
+from _sglang import LogitsProcessor, assert_same
+from test_forward import HIDDEN, VOCAB, make_tensors
+
+BATCHES = [([4, 5, 6], [0, 5, 3]), ([1], [0]), ([6] * 8, [0, 3, 6, 5] * 2), ([2, 9], [2, 0])]
+
+
+class Forwards:
+    """Forwards with LAST capture and list aux layers (the lazy path), and
+    the release's own outputs for them."""
+
+    def __init__(self) -> None:
+        self.processor, self.lm_head = make_processor(VOCAB, HIDDEN)
+        self.inputs = []
+        for i, (extend, start) in enumerate(BATCHES):
+            input_ids, hidden, before, aux = make_tensors(extend, i, "list", False, 3)
+            self.inputs.append((extend, start, input_ids, hidden, aux))
+        fs.uninstall()
+        self.expected = [self.run(i) for i in range(len(BATCHES))]
+
+    def run(self, i: int) -> dict:
+        extend, start, input_ids, hidden, aux = self.inputs[i]
+        md = forward_metadata(extend, start, "LAST", input_ids, [0] * len(extend),
+                              [None] * len(extend))
+        out = self.processor.forward(input_ids, hidden, self.lm_head, md, aux_hidden_states=aux)
+        return output_fields(out)
+
+
+@pytest.fixture(scope="module")
+def forwards():
+    return Forwards()
+
+
+class PauseAfterPruning:
+    """Stops the thread it is installed on right after the patched
+    ``_get_pruned_states`` returns (a lazy aux object in hand, before
+    ``_get_hidden_states_to_store`` is looked up), until released."""
+
+    def __init__(self, code, at_pause=None) -> None:
+        self.code = code
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+        self.at_pause = at_pause
+        self.at_pause_result = None
+
+    def trace(self, frame, event, arg):
+        if frame.f_code is not self.code:
+            return None
+        return self.local
+
+    def local(self, frame, event, arg):
+        if event == "return":
+            if self.at_pause is not None:
+                self.at_pause_result = self.at_pause()
+            self.paused.set()
+            assert self.resume.wait(30)
+        return self.local
+
+
+def run_paused(forwards, pause, i=0):
+    result = {}
+
+    def target():
+        sys.settrace(pause.trace)
+        try:
+            result["out"] = forwards.run(i)
+        except BaseException as exc:
+            result["error"] = exc
+        finally:
+            sys.settrace(None)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    assert pause.paused.wait(30)
+    return thread, result
+
+
+@pytest.mark.matrix
+def test_uninstall_between_pruning_and_storing_waits_for_the_forward(forwards):
+    before = dict(vars(LogitsProcessor))
+    fs.install()
+    state = fs._state
+    pause = PauseAfterPruning(vars(LogitsProcessor)["_get_pruned_states"].__code__)
+    forward_thread, result = run_paused(forwards, pause)
+
+    uninstalled = threading.Event()
+    uninstaller = threading.Thread(target=lambda: fs.uninstall() and uninstalled.set())
+    uninstaller.start()
+    while state.gate._open:  # uninstall() has closed the gate and is waiting
+        time.sleep(0.001)
+    assert not uninstalled.is_set() and fs.is_installed()
+    # A forward that starts now gathers eagerly and is not waited for.
+    assert_same(forwards.run(1), forwards.expected[1])
+
+    pause.resume.set()
+    forward_thread.join(30)
+    uninstaller.join(30)
+    assert "error" not in result, result.get("error")
+    assert_same(result["out"], forwards.expected[0])
+    assert uninstalled.is_set() and not fs.is_installed()
+    assert dict(vars(LogitsProcessor)) == before
+
+
+def test_uninstall_with_a_timeout_leaves_the_installation_whole(forwards):
+    report = fs.install()
+    pause = PauseAfterPruning(vars(LogitsProcessor)["_get_pruned_states"].__code__)
+    forward_thread, result = run_paused(forwards, pause)
+    with pytest.raises(TimeoutError):
+        fs.uninstall(timeout=0.05)
+    assert fs.is_installed() and fs.installed_report() == report
+    pause.resume.set()
+    forward_thread.join(30)
+    assert_same(result["out"], forwards.expected[0])
+    # The gate is open again: the next forward goes lazy as before.
+    assert_same(forwards.run(2), forwards.expected[2])
+    assert fs.uninstall() is True
+
+
+def test_uninstall_from_inside_a_forward_is_refused(forwards):
+    fs.install()
+    pause = PauseAfterPruning(
+        vars(LogitsProcessor)["_get_pruned_states"].__code__, at_pause=lambda: _try(fs.uninstall)
+    )
+    forward_thread, result = run_paused(forwards, pause)
+    pause.resume.set()
+    forward_thread.join(30)
+    assert isinstance(pause.at_pause_result, RuntimeError)
+    assert "inside LogitsProcessor.forward" in str(pause.at_pause_result)
+    assert_same(result["out"], forwards.expected[0])
+    assert fs.is_installed()
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as exc:
+        return exc
+
+
+@pytest.mark.matrix
+def test_threaded_soak_forwards_while_installs_toggle(forwards):
+    """Four threads run forwards while the main thread installs and
+    uninstalls 25 times: every output is the release's, nothing raises."""
+    before = dict(vars(LogitsProcessor))
+    errors, done, counts = [], threading.Event(), [0] * 4
+    toggles = 25
+
+    def worker(k):
+        rng = random.Random(k)
+        try:
+            while not done.is_set() or counts[k] < 50:
+                i = rng.randrange(len(BATCHES))
+                assert_same(forwards.run(i), forwards.expected[i])
+                counts[k] += 1
+        except BaseException as exc:
+            errors.append(exc)
+            done.set()
+
+    workers = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        for _ in range(toggles):
+            if errors:
+                break
+            fs.install()
+            time.sleep(0.001)
+            fs.uninstall()
+    finally:
+        done.set()
+        for w in workers:
+            w.join(300)
+    assert not errors, errors[0]
+    assert min(counts) >= 50
+    fs.uninstall()
+    assert dict(vars(LogitsProcessor)) == before
