@@ -10,36 +10,35 @@ head is a bare weight matrix, which is all the plain matmul path reads.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import types
 
 import torch
-from _sglang import CAPTURE_MODES, ForwardMode, LogitsMetadata, LogitsProcessor, oracle_context
+from _sglang import (
+    CAPTURE_MODES,
+    ForwardMode,
+    LogitsMetadata,
+    LogitsProcessor,
+    StockLogitsProcessor,
+    oracle_context,
+)
 
 
 def publish_server_args() -> None:
-    """Publish dummy server arguments the way the release does: through its
-    runtime context where it has one (0.5.22 on), else the global setter."""
-    from sglang.srt.server_args import ServerArgs
+    """Publish dummy server arguments as the scheduler does; every release
+    of the table has ``set_global_server_args_for_scheduler`` (from 0.5.17
+    on, a front to its runtime context)."""
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    server_args = ServerArgs(model_path="dummy")
-    try:
-        context = importlib.import_module("sglang.srt.runtime_context")
-    except ImportError:
-        context = None
-    if context is not None and hasattr(context, "publish"):
-        context.reset_context()
-        context.publish(server_args, role="test", ranks=context.SpawnRanks(world_rank=0))
-    else:
-        from sglang.srt.server_args import set_global_server_args_for_scheduler
-
-        set_global_server_args_for_scheduler(server_args)
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
 
 
-def make_processor(vocab: int, hidden: int, seed: int = 0):
+def make_processor(vocab: int, hidden: int, seed: int = 0, stock: bool = False):
+    """A processor and its LM head; ``stock=True`` gives one that runs the
+    release's own code even while flatgather is installed."""
     publish_server_args()
     config = types.SimpleNamespace(vocab_size=vocab, hidden_size=hidden)
-    processor = LogitsProcessor(config, skip_all_gather=True)
+    cls = StockLogitsProcessor if stock else LogitsProcessor
+    processor = cls(config, skip_all_gather=True)
     gen = torch.Generator().manual_seed(seed)
     lm_head = types.SimpleNamespace(weight=torch.randn(vocab, hidden, generator=gen))
     return processor, lm_head
@@ -78,7 +77,7 @@ def forward_metadata(extend, start, capture, input_ids, top_logprobs_nums, token
 class _ModelRunner:
     """What ``ForwardBatch._pad_inputs_to_size`` reads of its model runner."""
 
-    class attn_backend:  # noqa: N801 - the attribute SGLang reads
+    class attn_backend:
         @staticmethod
         def get_cuda_graph_seq_len_fill_value():
             return 1

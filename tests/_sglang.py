@@ -76,6 +76,16 @@ STOCK_PRUNED_STATES = vars(LogitsProcessor)["_get_pruned_states"]
 STOCK_HIDDEN_TO_STORE = vars(LogitsProcessor)["_get_hidden_states_to_store"]
 STOCK_FORWARD = vars(LogitsProcessor)["forward"]
 
+
+class StockLogitsProcessor(LogitsProcessor):
+    """The release's own ``forward`` and helpers, whatever ``install()`` has
+    done to ``LogitsProcessor``: the oracle for whole forwards."""
+
+    forward = STOCK_FORWARD
+    _get_pruned_states = STOCK_PRUNED_STATES
+    _get_hidden_states_to_store = STOCK_HIDDEN_TO_STORE
+
+
 CAPTURE_MODES = {
     "NULL": CaptureHiddenMode.NULL,
     "LAST": CaptureHiddenMode.LAST,

@@ -40,11 +40,22 @@ def make_tensors(extend, seed, aux_kind, before_norm, pad):
     return input_ids, hidden, before, aux
 
 
-def run_forward(extend, start, capture, aux_kind, seed, top, token_ids, before_norm, pad=0,
-                sglang_padding=False):
+def run_forward(
+    extend,
+    start,
+    capture,
+    aux_kind,
+    seed,
+    top,
+    token_ids,
+    before_norm,
+    pad=0,
+    sglang_padding=False,
+    stock=False,
+):
     """``forward`` with metadata built by hand, or (``sglang_padding``) with
     a real ForwardBatch padded by the release's own ``_pad_inputs_to_size``."""
-    processor, lm_head = make_processor(VOCAB, HIDDEN, seed)
+    processor, lm_head = make_processor(VOCAB, HIDDEN, seed, stock=stock)
     input_ids, hidden, before, aux = make_tensors(extend, seed, aux_kind, before_norm, pad)
     if sglang_padding:
         batch = padded_forward_batch(
@@ -61,14 +72,13 @@ def run_forward(extend, start, capture, aux_kind, seed, top, token_ids, before_n
 
 
 def both(*args, **kwargs):
-    flatgather.sglang.uninstall()
+    """The release's own forward and the installed one, on equal inputs."""
     try:
-        stock = output_fields(run_forward(*args, **kwargs))
+        stock = output_fields(run_forward(*args, **kwargs, stock=True))
     except TypeError:
-        stock = None  # only 0.5.10's LAST + aux crash, checked below
-    flatgather.sglang.install()
+        stock = None  # only the LAST + aux crash before PR #21589, checked below
+    flatgather.sglang.install()  # once per test: later calls return at once
     ours = output_fields(run_forward(*args, **kwargs))
-    flatgather.sglang.uninstall()
     return stock, ours
 
 
@@ -107,11 +117,20 @@ def check(stock, ours, extend, capture, aux_kind):
     pad=st.sampled_from([0, 0, 1, 5, 40]),
     sglang_padding=st.booleans(),
 )
-def test_forward_outputs_identical(request, capture, aux_kind, seed, before_norm, pad,
-                                   sglang_padding):
+def test_forward_outputs_identical(
+    request, capture, aux_kind, seed, before_norm, pad, sglang_padding
+):
     extend, start, top, token_ids = request
     stock, ours = both(
-        extend, start, capture, aux_kind, seed, top, token_ids, before_norm, pad,
+        extend,
+        start,
+        capture,
+        aux_kind,
+        seed,
+        top,
+        token_ids,
+        before_norm,
+        pad,
         sglang_padding=sglang_padding,
     )
     check(stock, ours, extend, capture, aux_kind)
@@ -124,8 +143,17 @@ def test_forward_outputs_identical(request, capture, aux_kind, seed, before_norm
 def test_padded_by_sglang_itself(capture, aux_kind, before_norm):
     """The release's own ``_pad_inputs_to_size`` pads the batch to a bucket
     (as DP attention and attention-TP scatter do): same outputs, no NaN read."""
-    args = ([4, 5, 6], [0, 5, 3], capture, aux_kind, 3, [2, 0, 1], [[1, 2], [4], [3]],
-            before_norm, 17)
+    args = (
+        [4, 5, 6],
+        [0, 5, 3],
+        capture,
+        aux_kind,
+        3,
+        [2, 0, 1],
+        [[1, 2], [4], [3]],
+        before_norm,
+        17,
+    )
     stock, ours = both(*args, sglang_padding=True)
     check(stock, ours, [4, 5, 6], capture, aux_kind)
 

@@ -41,10 +41,9 @@ def metadata_state(md) -> dict:
 
 def compare(extend, start, h, b, aux, capture):
     """Run stock and installed on equal inputs and compare everything."""
-    flatgather.sglang.uninstall()
     md_stock = metadata(extend, start, capture)
-    expected = expected_pruned_states(extend, start, h, b, aux, md_stock)
-    flatgather.sglang.install()
+    expected = expected_pruned_states(extend, start, h, b, aux, md_stock)  # the release's own
+    flatgather.sglang.install()  # once per test: later calls return at once
     md_ours = metadata(extend, start, capture)
     actual = pruned_states(h, b, aux, md_ours)
     assert_same(actual, expected)

@@ -15,7 +15,7 @@ import time
 import flatgather.sglang as fs
 import pytest
 from _forward import forward_metadata, make_processor, output_fields
-from _sglang import LogitsProcessor, assert_same
+from _sglang import LogitsProcessor, assert_same, oracle_context
 from test_forward import HIDDEN, VOCAB, make_tensors
 
 BATCHES = [([4, 5, 6], [0, 5, 3]), ([1], [0]), ([6] * 8, [0, 3, 6, 5] * 2), ([2, 9], [2, 0])]
@@ -29,16 +29,18 @@ class Forwards:
         self.processor, self.lm_head = make_processor(VOCAB, HIDDEN)
         self.inputs = []
         for i, (extend, start) in enumerate(BATCHES):
-            input_ids, hidden, before, aux = make_tensors(extend, i, "list", False, 3)
+            input_ids, hidden, _before, aux = make_tensors(extend, i, "list", False, 3)
             self.inputs.append((extend, start, input_ids, hidden, aux))
         fs.uninstall()
         self.expected = [self.run(i) for i in range(len(BATCHES))]
 
     def run(self, i: int) -> dict:
         extend, start, input_ids, hidden, aux = self.inputs[i]
-        md = forward_metadata(extend, start, "LAST", input_ids, [0] * len(extend),
-                              [None] * len(extend))
-        out = self.processor.forward(input_ids, hidden, self.lm_head, md, aux_hidden_states=aux)
+        md = forward_metadata(
+            extend, start, "LAST", input_ids, [0] * len(extend), [None] * len(extend)
+        )
+        with oracle_context():
+            out = self.processor.forward(input_ids, hidden, self.lm_head, md, aux_hidden_states=aux)
         return output_fields(out)
 
 

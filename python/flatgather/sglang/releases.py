@@ -71,10 +71,13 @@ class Release:
 
 
 def _rows() -> tuple[Release, ...]:
-    tf_5_3 = ("transformers==5.3.0", "tokenizers==0.22.2", "huggingface-hub<2")
-    tf_5_6 = ("transformers==5.6.0", "tokenizers==0.22.2", "huggingface-hub<2")
-    tf_5_8 = ("transformers==5.8.1", "tokenizers==0.22.2", "huggingface-hub<2")
-    tf_5_12 = ("transformers==5.12.1", "tokenizers==0.22.2", "huggingface-hub<2")
+    # Each release's own transformers pin where the shared one (5.19.0) does
+    # not import it; those versions reject the shared tokenizers and hub.
+    hub = ("tokenizers==0.22.2", "huggingface-hub==1.33.0")
+    tf_5_6 = ("transformers==5.6.0", *hub)
+    tf_5_8 = ("transformers==5.8.1", *hub)
+    tf_5_12 = ("transformers==5.12.1", *hub)
+    xgrammar = ("xgrammar==0.2.1",)  # imported unconditionally by 0.5.16-0.5.20
     old = dict(trailing_token_to_seq=True, packed_aux=False, writes_cpu_indices=False)
     fixed = dict(prunes_aux=True, draft_no_logprob=True)
     no_trailing = dict(trailing_token_to_seq=False, writes_cpu_indices=False)
@@ -82,8 +85,8 @@ def _rows() -> tuple[Release, ...]:
     latest = dict(trailing_token_to_seq=False, packed_aux=True, writes_cpu_indices=True)
     unfixed = dict(prunes_aux=False, draft_no_logprob=False)
     return (
-        Release("0.5.10", **old, **unfixed, rotation=IN_PLACE, pins=tf_5_3, full_suite=True),
-        Release("0.5.10.post1", **old, **unfixed, rotation=IN_PLACE, pins=tf_5_3),
+        Release("0.5.10", **old, **unfixed, rotation=IN_PLACE, full_suite=True),
+        Release("0.5.10.post1", **old, **unfixed, rotation=IN_PLACE),
         Release("0.5.11", **old, **fixed, rotation=IN_PLACE, pins=tf_5_6),
         Release("0.5.12", **old, **fixed, rotation=IN_PLACE, pins=tf_5_6),
         Release("0.5.12.post1", **old, **fixed, rotation=IN_PLACE, pins=tf_5_6),
@@ -93,13 +96,18 @@ def _rows() -> tuple[Release, ...]:
         Release("0.5.15", **old, **fixed, rotation=IN_PLACE, pins=tf_5_12, full_suite=True),
         Release("0.5.15.post1", **old, **fixed, rotation=IN_PLACE, pins=tf_5_12),
         Release(
-            "0.5.16", **no_trailing, packed_aux=False, **fixed, rotation=NEW_TENSOR, pins=tf_5_12
+            "0.5.16",
+            **no_trailing,
+            packed_aux=False,
+            **fixed,
+            rotation=NEW_TENSOR,
+            pins=(*tf_5_12, *xgrammar),
         ),
-        Release("0.5.17", **packed, **fixed, rotation=NEW_TENSOR, pins=tf_5_12),
-        Release("0.5.18", **packed, **fixed, rotation=NEW_TENSOR, pins=tf_5_12),
-        Release("0.5.19", **packed, **fixed, rotation=NEW_TENSOR, pins=tf_5_12),
-        Release("0.5.20", **packed, **fixed, rotation=NEW_TENSOR_MM, pins=tf_5_12),
-        Release("0.5.21", **latest, **fixed, rotation=NEW_TENSOR_MM, pins=tf_5_12),
+        Release("0.5.17", **packed, **fixed, rotation=NEW_TENSOR, pins=(*tf_5_12, *xgrammar)),
+        Release("0.5.18", **packed, **fixed, rotation=NEW_TENSOR, pins=(*tf_5_12, *xgrammar)),
+        Release("0.5.19", **packed, **fixed, rotation=NEW_TENSOR, pins=(*tf_5_12, *xgrammar)),
+        Release("0.5.20", **packed, **fixed, rotation=NEW_TENSOR_MM, pins=xgrammar),
+        Release("0.5.21", **latest, **fixed, rotation=NEW_TENSOR_MM),
         Release("0.5.22", **latest, **fixed, rotation=NEW_TENSOR_MM),
         Release("0.5.23", **latest, **fixed, rotation=NEW_TENSOR_MM, full_suite=True),
     )
