@@ -1,5 +1,5 @@
-"""What the benchmark runs: the grid of shapes, their inputs, and the four
-ways of computing the same pruned states."""
+"""Batches for the ``pruned-states`` and ``host-cost`` sections: shapes,
+their inputs, and the reference ways of computing the same pruned states."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import torch
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
+DTYPE_WORDS = {"bf16": "bf16", "fp32": "fp32"}
+
+
 @dataclass(frozen=True)
 class Shape:
     batch: int
@@ -24,9 +27,18 @@ class Shape:
     """"none", "list" (one tensor per layer) or "packed" (one tensor)."""
 
     @property
-    def family(self) -> str:
-        aux = "no aux" if self.aux == "none" else f"{self.layers} aux {self.aux}"
-        return f"h{self.hidden} {self.dtype} {aux} ext~{self.mean_extend}"
+    def aux_words(self) -> str:
+        if self.aux == "none":
+            return "no aux layers"
+        return f"{self.layers} aux layers ({self.aux})"
+
+    @property
+    def series(self) -> str:
+        """The shape less its batch size, in words (a plot legend)."""
+        return (
+            f"hidden {self.hidden}, {DTYPE_WORDS[self.dtype]}, "
+            f"mean prompt {self.mean_extend} tokens, {self.aux_words}"
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -40,9 +52,6 @@ class Grid:
     dtypes: tuple[str, ...]
     aux: tuple[tuple[int, str], ...]
     max_tokens: int
-    samples: int
-    warmup_s: float
-    sample_s: float
 
     def shapes(self, packed_supported: bool) -> list[Shape]:
         aux = [a for a in self.aux if a[1] != "packed" or packed_supported]
@@ -53,42 +62,6 @@ class Grid:
             )
         ]
 
-
-GRIDS = {
-    "quick": Grid(
-        batches=(1, 64, 256),
-        mean_extends=(16,),
-        hiddens=(1024,),
-        dtypes=("bf16",),
-        aux=((0, "none"), (3, "list")),
-        max_tokens=16384,
-        samples=5,
-        warmup_s=0.02,
-        sample_s=0.005,
-    ),
-    "default": Grid(
-        batches=(1, 8, 64, 256, 1024),
-        mean_extends=(16, 256),
-        hiddens=(1024,),
-        dtypes=("bf16",),
-        aux=((0, "none"), (3, "list"), (3, "packed")),
-        max_tokens=32768,
-        samples=10,
-        warmup_s=0.05,
-        sample_s=0.01,
-    ),
-    "full": Grid(
-        batches=(1, 8, 64, 256, 1024),
-        mean_extends=(16, 128, 512, 2048),
-        hiddens=(1024, 4096),
-        dtypes=("bf16", "fp32"),
-        aux=((0, "none"), (3, "list"), (3, "packed")),
-        max_tokens=65536,
-        samples=15,
-        warmup_s=0.1,
-        sample_s=0.02,
-    ),
-}
 
 MAX_INPUT_BYTES = 3 << 30
 """Token budgets are cut further so no shape holds more than this in inputs."""
@@ -102,7 +75,7 @@ def lengths(shape: Shape, max_tokens: int) -> tuple[list[int], list[int]]:
     rng = np.random.default_rng([shape.batch, shape.mean_extend])
     extend = rng.integers(1, 2 * shape.mean_extend, size=shape.batch, endpoint=False)
     row_bytes = shape.hidden * (1 + shape.layers) * torch.finfo(DTYPES[shape.dtype]).bits // 8
-    budget = min(max_tokens, MAX_INPUT_BYTES // row_bytes)
+    budget = min(max_tokens, MAX_INPUT_BYTES // max(row_bytes, 1))
     if extend.sum() > budget:
         extend = np.maximum(1, (extend * (budget / extend.sum())).astype(np.int64))
     kind = rng.integers(0, 4, size=shape.batch)

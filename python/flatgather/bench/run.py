@@ -1,9 +1,16 @@
-"""``python -m flatgather bench``: flatgather side by side with SGLang's own
-``_get_pruned_states``, a NumPy anchor and the memory-copy bound."""
+"""``flatgather bench``: the prefill step of the SGLang release under test,
+its own code against flatgather's, side by side in one run.
+
+Sections (``--section``, repeatable; all by default) are listed in
+:mod:`flatgather.bench.sections`. torch is pinned to ``--threads`` threads
+(default 1), the load of the machine is watched while each section runs,
+and the report warns when a figure may not be trusted.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -12,156 +19,124 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
+from flatgather.bench import machine, sections, sglang_env
 
-import flatgather
-from flatgather import _core
-from flatgather.bench import report
-from flatgather.bench.cases import (
-    GRIDS,
-    Grid,
-    Shape,
-    gathered_bytes,
-    lengths,
-    make_inputs,
-    make_numpy_anchor,
-    memcpy_bound,
-    numpy_indices,
-)
-from flatgather.bench.stats import Stats, host_clock, measure_side_by_side
-
-VARIANTS = ("stock", "flatgather", "numpy", "memcpy")
+SCHEMA = 2
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from flatgather.cli import prog
+
     parser = argparse.ArgumentParser(
-        prog="python -m flatgather bench",
+        prog=f"{prog()} bench",
         description=(
-            "Time LogitsProcessor._get_pruned_states (logprob prefill branch) of the SGLang "
-            "on sys.path against flatgather installed, a NumPy-vectorised anchor and a plain "
-            "contiguous copy of the same bytes, side by side on the same tensors."
+            "Time the prefill step of the SGLang release under test: its own code against "
+            "flatgather installed, side by side on the same tensors, samples interleaved. "
+            f"Sections: {', '.join(sections.SECTIONS)}."
         ),
     )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="a few shapes, seconds")
+    size.add_argument("--quick", action="store_true", help="a few shapes per section (seconds)")
     size.add_argument("--full", action="store_true", help="the whole grid (many minutes)")
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--samples", type=int, help="samples per variant (grid default)")
-    parser.add_argument("--json", type=Path, help="write every statistic here")
-    parser.add_argument("--plot", type=Path, help="write a PNG: speed-up vs batch size")
     parser.add_argument(
-        "--markdown", type=Path, help="write a Markdown report (e.g. docs/benchmarks.md)"
+        "--section",
+        action="append",
+        choices=list(sections.SECTIONS),
+        metavar="NAME",
+        help=f"run this section only (repeatable): {', '.join(sections.SECTIONS)}",
     )
+    parser.add_argument(
+        "--sglang",
+        metavar="VERSION|DIR",
+        help="measure this release, installed side by side by .ci/setup (e.g. 0.5.23), "
+        f"or the SGLang in DIR; default: the SGLang installed in the environment. "
+        f"${sglang_env.DIR_ENV} names another directory of releases",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="torch threads (default 1: a bench that keeps to one core cannot be "
+        "oversubscribed by its own threads)",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    parser.add_argument(
+        "--samples", type=int, metavar="N", help="rounds per measurement (grid default)"
+    )
+    parser.add_argument(
+        "--json", type=Path, metavar="FILE", help="write every figure here (for `report`)"
+    )
+    parser.add_argument("--markdown", type=Path, metavar="FILE", help="write a Markdown report")
+    parser.add_argument(
+        "--plot", type=Path, metavar="FILE", help="write a PNG: speed-up against batch size"
+    )
+    parser.add_argument(
+        "--max-other-load",
+        type=float,
+        default=machine.DEFAULT_MAX_OTHER_LOAD,
+        metavar="CORES",
+        help="warn when other processes keep more than this many cores busy on average "
+        f"while a section runs (default {machine.DEFAULT_MAX_OTHER_LOAD})",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--list", action="store_true", help="list the sections and exit")
     return parser.parse_args(argv)
 
 
 class Progress:
-    """One line on stderr, redrawn in place on a terminal."""
+    """One line per step on stderr, redrawn in place on a terminal, with the
+    time spent and an estimate of the time left."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, quiet: bool) -> None:
         self.total, self.done, self.started = total, 0, time.perf_counter()
+        self.quiet = quiet or total == 0
         self.tty = sys.stderr.isatty()
 
-    def step(self, label: str) -> None:
+    def step(self, section: str, label: str) -> None:
         self.done += 1
-        width = 30
-        filled = width * self.done // self.total
+        if self.quiet:
+            return
         elapsed = time.perf_counter() - self.started
-        line = (
-            f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-            f"{elapsed:5.1f}s  {label}"
-        )
+        left = elapsed / self.done * (self.total - self.done)
+        line = f"[{self.done}/{self.total}] {elapsed:5.0f}s, ~{left:.0f}s left  {section}: {label}"
         if self.tty:
-            sys.stderr.write("\r" + line[:120].ljust(120))
+            sys.stderr.write("\r" + line[:150].ljust(150))
             if self.done == self.total:
                 sys.stderr.write("\n")
         else:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
-
-class CountOps(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            lead = "\n" if self.tty and 0 < self.done < self.total else ""
+            sys.stderr.write(lead + text + "\n")
+            sys.stderr.flush()
 
 
-def aten_ops(fn) -> int:
-    with CountOps() as counter:
-        fn()
-    return counter.count
+def versions(release: str | None) -> dict:
+    import numpy as np
+    import torch
 
-
-def cuda_clock(fn, k: int) -> float:
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(k):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / k
-
-
-def kernel_launches(fn) -> int:
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-
-
-def load_sglang():
-    try:
-        from sglang.srt.layers import logits_processor as lp
-        from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    except ImportError as exc:
-        sys.exit(
-            f"flatgather bench needs SGLang on sys.path ({exc}). After .ci/setup: "
-            "PYTHONPATH=.sglang/0.5.23 .venv/bin/python -m flatgather bench"
-        )
-    return lp, ForwardMode
-
-
-def same(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return (
-            isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-        )
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-    return a == b
-
-
-def versions() -> dict:
-    from flatgather.sglang import sglang_release
+    import flatgather
 
     return {
         "flatgather": flatgather.__version__,
+        "sglang": release,
         "torch": torch.__version__,
         "numpy": np.__version__,
-        "sglang": sglang_release(),
         "python": platform.python_version(),
     }
 
 
-def machine(device: torch.device) -> dict:
+def machine_record(device) -> dict:
+    import torch
+
     info = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        "cpus": machine.cpus(),
         "device": str(device),
     }
     if device.type == "cuda":
@@ -169,169 +144,165 @@ def machine(device: torch.device) -> dict:
     return info
 
 
-def bench_shapes(grid: Grid, shapes: list[Shape], device, fns_for, progress, samples) -> list:
-    rows = []
-    clock = cuda_clock if device.type == "cuda" else host_clock
-    for shape in shapes:
-        inputs = make_inputs(shape, grid.max_tokens, device)
-        fns, num_pruned = fns_for(inputs)
-        stats = measure_side_by_side(
-            fns,
-            samples=samples,
-            warmup_s=grid.warmup_s,
-            sample_s=grid.sample_s,
-            clock=clock,
-        )
-        row = {
-            "shape": shape.to_dict(),
-            "family": shape.family,
-            "tokens": inputs.tokens,
-            "pruned": num_pruned,
-            "gathered_bytes": gathered_bytes(inputs, num_pruned),
-            "time": {k: v.to_dict() for k, v in stats.items()},
-            "aten_ops": {k: aten_ops(fns[k]) for k in ("stock", "flatgather")},
+def add_ratios(section: sections.Section, row: dict) -> None:
+    from flatgather.bench.stats import ratio
+
+    if "time" not in row:
+        return
+    row["ratios"] = {
+        r.key: ratio(row["time"][r.num], row["time"][r.den])
+        for r in section.ratios
+        if r.num in row["time"] and r.den in row["time"]
+    }
+    if "host_time" in row:
+        row["host_ratios"] = {
+            r.key: ratio(row["host_time"][r.num], row["host_time"][r.den])
+            for r in section.ratios
+            if r.num in row["host_time"] and r.den in row["host_time"]
         }
-        if device.type == "cuda":
-            host = measure_side_by_side(
-                {k: fns[k] for k in ("stock", "flatgather")},
-                samples=samples,
-                warmup_s=grid.warmup_s,
-                sample_s=grid.sample_s,
-            )
-            row["host_time"] = {k: v.to_dict() for k, v in host.items()}
-            row["kernel_launches"] = {k: kernel_launches(fns[k]) for k in ("stock", "flatgather")}
-        rows.append(row)
-        progress.step(f"B={shape.batch} tokens={inputs.tokens} {shape.family}")
-        del inputs, fns
-    return rows
 
 
-def bench_plans(grid: Grid, lp, md_for, stock, progress, samples) -> list:
-    """Index plan alone: Rust, SGLang's loop, NumPy (no tensor data)."""
-    rows = []
-    for mean in grid.mean_extends:
-        for b in grid.batches:
-            extend, start = lengths(Shape(b, mean, 1, "bf16", 0, "none"), grid.max_tokens)
-            tokens = sum(extend)
-            empty = torch.empty(tokens, 0)
-            md = md_for(extend, start)
+def measure(chosen: list[sections.Section], ctx, load: dict, quiet: bool) -> list[dict]:
+    """Plan every section, then run their cases with progress shown and the
+    machine's load counted per section: the sections' records."""
+    planned: dict[str, sections.Planned] = {}
+    records: list[dict] = []
+    for section in chosen:
+        record = {**section.meta(), "size": ctx.size, "status": "measured", "rows": []}
+        try:
+            planned[section.name] = importlib.import_module(section.module).plan(ctx, ctx.size)
+        except sections.Unavailable as exc:
+            record.update(status="not measured", reason=str(exc))
+        records.append(record)
+    progress = Progress(sum(len(p.cases) for p in planned.values()), quiet)
+    for record in records:
+        plan = planned.get(record["name"])
+        if plan is None:
+            continue
+        section = sections.SECTIONS[record["name"]]
+        before = machine.snapshot()
+        t0 = time.perf_counter()
+        for case in plan.cases:
+            row = case.run()
+            add_ratios(section, row)
+            record["rows"].append(row)
+            progress.step(section.name, case.label)
+        extra = plan.finish(record["rows"])
+        record["notes"] = plan.notes + extra.get("notes", [])
+        record["targets"] = extra.get("targets", [])
+        record["seconds"] = round(time.perf_counter() - t0, 1)
+        load["sections"][section.name] = machine.usage(before, machine.snapshot()).to_dict()
+    return records
 
-            def rust(extend=extend, start=start, tokens=tokens):
-                plan = _core.Plan(extend, start, tokens)
-                plan.fill(np.empty(plan.buffer_len(False), dtype=np.int64), False)
 
-            fns = {
-                "flatgather": rust,
-                "stock_loop": lambda md=md, empty=empty: stock(None, empty, None, None, md),
-                "numpy": lambda extend=extend, start=start: numpy_indices(extend, start),
-            }
-            stats = measure_side_by_side(
-                fns, samples=samples, warmup_s=grid.warmup_s, sample_s=grid.sample_s
-            )
-            rows.append(
-                {
-                    "batch": b,
-                    "mean_extend": mean,
-                    "tokens": tokens,
-                    "time": {k: v.to_dict() for k, v in stats.items()},
-                }
-            )
-            progress.step(f"plan B={b} tokens={tokens}")
-    return rows
+def error(text: str, code: int = 2) -> int:
+    from flatgather.cli import prog
 
-
-def binding_fixed_cost(samples: int) -> dict:
-    out = np.empty(8, dtype=np.int64)
-    one, zero = [1], [0]
-
-    def call():
-        _core.Plan(one, zero, 1).fill(out, False)
-
-    stats: Stats = measure_side_by_side(
-        {"binding": call}, samples=samples, warmup_s=0.05, sample_s=0.01
-    )["binding"]
-    return stats.to_dict()
+    print(f"{prog()} bench: error: {text}", file=sys.stderr)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    name = "quick" if args.quick else "full" if args.full else "default"
-    grid = GRIDS[name]
-    samples = args.samples or grid.samples
+    if args.list:
+        for s in sections.SECTIONS.values():
+            print(f"{s.name:14} {s.title.replace('`', '')}")
+        return 0
+    chosen = sections.resolve(args.section)
+    size = "quick" if args.quick else "full" if args.full else "default"
+    if args.threads < 1:
+        return error("--threads must be at least 1")
+    try:
+        release = sglang_env.select(args.sglang)
+    except sglang_env.SGLangNotFound as exc:
+        return error(str(exc))
+
+    import torch
+
+    # Pinned for the run and put back after it: main() also runs in-process
+    # (the tests), where a changed thread count would outlive it.
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return _run(args, argv, chosen, size, release, torch)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(args, argv, chosen, size, release, torch) -> int:
+    from flatgather.bench import report
+    from flatgather.bench.release import SGLang
+    from flatgather.bench.timing import Context, Mismatch, Timer
+    from flatgather.cli import prog
+    from flatgather.sglang import UnsupportedRelease
+
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("--device cuda: no CUDA device is available")
+        return error(f"--device {args.device}: no CUDA device is available")
+    if device.type not in ("cpu", "cuda"):
+        return error(f"--device {args.device}: cpu or cuda only")
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)  # the clocks synchronise the current device
 
-    lp, forward_mode = load_sglang()
-    import flatgather.sglang as fs
-    from flatgather.sglang._contracts import contract_for
-
-    release = fs.sglang_release()
-    contract = contract_for(release, force=True)
-    raw = vars(lp.LogitsProcessor)["_get_pruned_states"]
-    stock = getattr(raw, "__wrapped__", raw) if hasattr(raw, "__flatgather__") else raw
-    fs.uninstall()
-    fs.install(force=True)
-    ours = lp.LogitsProcessor._get_pruned_states
-    anchor = make_numpy_anchor(contract.writes_cpu_indices, contract.trailing_token_to_seq)
-
-    def md_for(extend, start):
-        return lp.LogitsMetadata(
-            forward_mode=forward_mode.EXTEND,
-            extend_return_logprob=True,
-            extend_seq_lens_cpu=extend,
-            extend_logprob_start_lens_cpu=start,
-        )
-
-    def fns_for(inputs):
-        h, aux = inputs.hidden, inputs.aux
-        mds = {k: md_for(inputs.extend, inputs.start) for k in ("stock", "flatgather", "numpy")}
-        calls = {
-            "stock": lambda: stock(None, h, None, aux, mds["stock"]),
-            "flatgather": lambda: ours(None, h, None, aux, mds["flatgather"]),
-            "numpy": lambda: anchor(None, h, None, aux, mds["numpy"]),
-        }
-        results = {k: fn() for k, fn in calls.items()}
-        # Nothing is timed that does not compute the stock result (0.5.10's
-        # stock drops list aux layers, so those are compared among the others).
-        for k in ("flatgather", "numpy"):
-            a, b = results[k], results["stock"]
-            if "aux-logprob-prune" in contract.backports and isinstance(aux, list):
-                a, b = (*a[:2], *a[3:]), (*b[:2], *b[3:])
-            if not same(a, b):
-                raise SystemExit(f"{k} differs from stock on {inputs.tokens} tokens: bug")
-        num_pruned = results["flatgather"][0].shape[0]
-        return {**calls, "memcpy": memcpy_bound(inputs, num_pruned)}, num_pruned
-
-    shapes = grid.shapes(contract.packed_aux)
-    plan_count = len(grid.batches) * len(grid.mean_extends)
-    progress = Progress(len(shapes) + plan_count)
-    started = time.perf_counter()
-    shape_rows = bench_shapes(grid, shapes, device, fns_for, progress, samples)
-    plan_rows = bench_plans(grid, lp, md_for, stock, progress, samples)
-    results = {
-        "command": "python -m flatgather bench "
-        + shlex.join(sys.argv[2:] if argv is None else argv),
-        "grid": name,
-        "samples": samples,
-        "seconds": round(time.perf_counter() - started, 1),
-        "versions": versions(),
-        "machine": machine(device),
-        "shapes": shape_rows,
-        "plans": plan_rows,
-        "binding_fixed_cost": binding_fixed_cost(samples),
+    timing = sections.TIMINGS[size]
+    if args.samples:
+        timing = sections.Timing(args.samples, timing.warmup_s, timing.sample_s)
+    load = {
+        "cpus": machine.cpus(),
+        "threads": torch.get_num_threads(),
+        "max_other_load": args.max_other_load,
+        "before": machine.load_average(),
+        "sections": {},
     }
-    fs.uninstall()
+    started = time.perf_counter()
+    progress = Progress(0, args.quiet)
+    progress.say(f"bench: probing and installing flatgather over SGLang {release}...")
+    notes: list[str] = []
+    try:
+        sg = SGLang(notes, draft=any(s.name == "rotation" for s in chosen))
+    except UnsupportedRelease as exc:
+        return error(f"flatgather refuses this release, so there is nothing to measure: {exc}")
+    ctx = Context(device=device, size=size, timer=Timer(device, timing), sglang=sg)
+    try:
+        records = measure(chosen, ctx, load, args.quiet)
+    except Mismatch as exc:
+        return error(str(exc), code=1)
+    finally:
+        sg.close()
+    load["after"] = machine.load_average()
+
+    results = {
+        "schema": SCHEMA,
+        "command": f"{prog()} bench {shlex.join(argv)}".rstrip(),
+        "size": size,
+        "timing": {
+            "samples": timing.samples,
+            "warmup_s": timing.warmup_s,
+            "sample_s": timing.sample_s,
+        },
+        "seconds": round(time.perf_counter() - started, 1),
+        "versions": versions(release),
+        "machine": machine_record(device),
+        "threads": torch.get_num_threads(),
+        "install": sg.install_record(),
+        "load": load,
+        "notes": notes,
+        "sections": records,
+    }
+    results["warnings"] = report.collect_warnings(results)
     print(report.table(results))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1))
-        print(f"wrote {args.json}")
-    if args.plot:
-        report.plot(results, args.plot)
-        print(f"wrote {args.plot}")
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(report.markdown(results))
-        print(f"wrote {args.markdown}")
+    for path, write in (
+        (args.json, lambda p: p.write_text(json.dumps(results, indent=1) + "\n")),
+        (
+            args.markdown,
+            lambda p: p.write_text(report.markdown(results, report.image_link(p, args.plot))),
+        ),
+        (args.plot, lambda p: report.plot(results, p)),
+    ):
+        if path is not None:
+            path = Path(os.path.abspath(path))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write(path)
+            print(f"wrote {path}")
     return 0

@@ -1,16 +1,22 @@
-"""Criterion-style timing: warm-up, calibrated samples, outliers dropped,
-median with a bootstrap 95% interval."""
+"""Criterion-style timing: warm-up, calibrated samples taken in interleaved
+rounds, outliers dropped, medians with bootstrap 95% intervals, and ratios
+computed round by round so that a drift of the machine cancels out.
+
+Standard library and NumPy only.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 Clock = Callable[[Callable[[], object], int], float]
 """Runs a function ``k`` times and returns the seconds per call."""
+
+BOOTSTRAP = 2000
 
 
 def host_clock(fn: Callable[[], object], k: int) -> float:
@@ -33,29 +39,63 @@ class Stats:
     outliers: int
     iterations: int
     """Calls per sample."""
+    raw: list[float] = field(default_factory=list)
+    """Seconds per call of every sample, in round order (outliers included)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def _bootstrap_median(data: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
+    if data.size == 1:
+        return float(data[0]), float(data[0])
+    boot = np.median(rng.choice(data, size=(BOOTSTRAP, data.size), replace=True), axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def summarize(per_call: list[float], iterations: int, rng: np.random.Generator) -> Stats:
-    data = np.asarray(per_call)
+    data = np.asarray(per_call, dtype=np.float64)
     q1, q3 = np.percentile(data, [25, 75])
     fence = 1.5 * (q3 - q1)
     kept = data[(data >= q1 - fence) & (data <= q3 + fence)]
     if kept.size == 0:
         kept = data
-    boot = np.median(rng.choice(kept, size=(1000, kept.size), replace=True), axis=1)
-    low, high = np.percentile(boot, [2.5, 97.5])
+    low, high = _bootstrap_median(kept, rng)
     return Stats(
         median=float(np.median(kept)),
-        low=float(low),
-        high=float(high),
+        low=low,
+        high=high,
         mean=float(kept.mean()),
         samples=int(kept.size),
         outliers=int(data.size - kept.size),
         iterations=iterations,
+        raw=[float(x) for x in data],
     )
+
+
+def ratio(num: dict, den: dict, seed: int = 0) -> dict:
+    """``num / den`` from two :class:`Stats` dicts measured in the same
+    rounds: the median of the per-round ratios, with a bootstrap 95%
+    interval. Rounds pair samples taken moments apart, so load that comes
+    and goes hits both sides of each ratio."""
+    a, b = np.asarray(num["raw"], dtype=np.float64), np.asarray(den["raw"], dtype=np.float64)
+    if a.size == 0 or a.size != b.size:
+        # Not measured in the same rounds: the ratio of medians, with the
+        # widest interval the two intervals allow.
+        return {
+            "median": num["median"] / den["median"],
+            "low": num["low"] / den["high"],
+            "high": num["high"] / den["low"],
+        }
+    per_round = a / b
+    low, high = _bootstrap_median(per_round, np.random.default_rng(seed))
+    return {"median": float(np.median(per_round)), "low": low, "high": high}
+
+
+def spans_one(r: dict) -> bool:
+    """The interval holds 1.0: this run cannot tell which side is faster."""
+    return r["low"] <= 1.0 <= r["high"]
 
 
 def calibrate(fn: Callable[[], object], clock: Clock, warmup_s: float, sample_s: float) -> int:
@@ -77,12 +117,15 @@ def measure_side_by_side(
     clock: Clock = host_clock,
     seed: int = 0,
 ) -> dict[str, Stats]:
-    """Time every function on the same inputs, interleaving their samples
-    (one sample of each in turn) so that drift of the machine hits all alike."""
+    """Time every function on the same inputs in ``samples`` rounds, one
+    sample of each per round, the order rotating from round to round so that
+    no function always runs first (after a cold cache) or last."""
     iterations = {name: calibrate(fn, clock, warmup_s, sample_s) for name, fn in fns.items()}
-    per_call: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(samples):
-        for name, fn in fns.items():
-            per_call[name].append(clock(fn, iterations[name]))
+    names = list(fns)
+    per_call: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(samples):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            per_call[name].append(clock(fns[name], iterations[name]))
     rng = np.random.default_rng(seed)
-    return {name: summarize(per_call[name], iterations[name], rng) for name in fns}
+    return {name: summarize(per_call[name], iterations[name], rng) for name in names}

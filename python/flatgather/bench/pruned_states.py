@@ -1,0 +1,158 @@
+"""Section ``pruned-states``: ``LogitsProcessor._get_pruned_states`` on an
+EXTEND batch with input logprobs, SGLang's own against flatgather's, with a
+NumPy anchor and the memory-copy bound."""
+
+from __future__ import annotations
+
+import functools
+
+from flatgather.bench.cases import (
+    Grid,
+    Shape,
+    gathered_bytes,
+    make_inputs,
+    make_numpy_anchor,
+    memcpy_bound,
+)
+from flatgather.bench.sections import SECTIONS, Case, Planned
+from flatgather.bench.timing import Context, Mismatch, same
+
+SECTION = SECTIONS["pruned-states"]
+
+GRIDS = {
+    "quick": Grid(
+        batches=(1, 64, 256),
+        mean_extends=(16,),
+        hiddens=(1024,),
+        dtypes=("bf16",),
+        aux=((0, "none"), (3, "list")),
+        max_tokens=16384,
+    ),
+    "default": Grid(
+        batches=(1, 8, 64, 256, 1024),
+        mean_extends=(16, 256),
+        hiddens=(1024,),
+        dtypes=("bf16",),
+        aux=((0, "none"), (3, "list"), (3, "packed")),
+        max_tokens=32768,
+    ),
+    "full": Grid(
+        batches=(1, 8, 64, 256, 1024),
+        mean_extends=(16, 128, 512, 2048),
+        hiddens=(1024, 4096),
+        dtypes=("bf16", "fp32"),
+        aux=((0, "none"), (3, "list"), (3, "packed")),
+        max_tokens=65536,
+    ),
+}
+
+
+def calls(ctx: Context, inputs, anchor) -> dict:
+    """stock, flatgather and numpy on the same tensors, each with its own
+    metadata (the logprob branch may write on it)."""
+    sg = ctx.sglang
+    h, aux = inputs.hidden, inputs.aux
+    md = {k: sg.metadata(inputs.extend, inputs.start) for k in ("stock", "flatgather", "numpy")}
+    return {
+        "stock": lambda: sg.stock_pruned_states(h, None, aux, md["stock"]),
+        "flatgather": lambda: sg.fg_pruned_states(h, None, aux, md["flatgather"]),
+        "numpy": lambda: anchor(None, h, None, aux, md["numpy"]),
+    }
+
+
+def check(ctx: Context, fns: dict, inputs, label: str) -> dict:
+    """Every variant's result, each checked against stock's: nothing is
+    timed that does not compute what SGLang computes."""
+    results = {k: fn() for k, fn in fns.items()}
+    drops_aux = not ctx.sglang.contract.prunes_aux and isinstance(inputs.aux, list)
+    for k in results:
+        if k == "stock":
+            continue
+        a, b = results[k], results["stock"]
+        if drops_aux:
+            # A release without SGLang PR #21589 drops list aux layers, which
+            # flatgather (and the anchor) prune: compared without them.
+            a, b = (*a[:2], *a[3:]), (*b[:2], *b[3:])
+        if not same(a, b):
+            raise Mismatch(f"{k} differs from SGLang's own result on {label}: a bug")
+    return results
+
+
+def measure(ctx: Context, grid: Grid, shape: Shape, anchor) -> dict:
+    inputs = make_inputs(shape, grid.max_tokens, ctx.device)
+    fns = calls(ctx, inputs, anchor)
+    results = check(ctx, fns, inputs, f"B={shape.batch}, {shape.series}")
+    kept = results["flatgather"][0].shape[0]
+    fns["memcpy"] = memcpy_bound(inputs, kept)
+    row = {
+        "batch": shape.batch,
+        "series": shape.series,
+        "params": shape.to_dict(),
+        "info": {
+            "tokens": inputs.tokens,
+            "kept": kept,
+            "mib": round(gathered_bytes(inputs, kept) / 2**20, 1),
+        },
+    }
+    row.update(ctx.timer.measure(fns, SECTION.counted))
+    return row
+
+
+def _speedups(rows, num, den, where=lambda r: True) -> list[float]:
+    return [r["ratios"][f"{num}/{den}"]["median"] for r in rows if where(r)]
+
+
+def targets(rows: list[dict]) -> dict:
+    out = []
+    b256 = _speedups(rows, "stock", "flatgather", lambda r: r["batch"] == 256)
+    if b256:
+        out.append(
+            {
+                "name": ">= 6x stock at B = 256",
+                "met": min(b256) >= 6,
+                "got": f"{min(b256):.2f}x to {max(b256):.2f}x",
+            }
+        )
+    anchor = _speedups(rows, "numpy", "flatgather")
+    if anchor:
+        out.append(
+            {
+                "name": ">= 1.2x the NumPy anchor at every shape",
+                "met": min(anchor) >= 1.2,
+                "got": f"{min(anchor):.2f}x to {max(anchor):.2f}x",
+            }
+        )
+    b1 = _speedups(rows, "stock", "flatgather", lambda r: r["batch"] == 1)
+    if b1:
+        out.append(
+            {
+                "name": "never slower than stock at B = 1",
+                "met": min(b1) >= 1.0,
+                "got": f"min {min(b1):.2f}x",
+            }
+        )
+    if rows:
+        largest = max(r["info"]["mib"] for r in rows)
+        top = _speedups(rows, "flatgather", "memcpy", lambda r: r["info"]["mib"] >= largest / 2)
+        out.append(
+            {
+                "name": "largest shapes within 1.3x of the memory-copy bound",
+                "met": max(top) <= 1.3,
+                "got": f"{min(top):.2f}x to {max(top):.2f}x",
+            }
+        )
+    return {"targets": out}
+
+
+def plan(ctx: Context, size: str) -> Planned:
+    grid = GRIDS[size]
+    contract = ctx.sglang.contract
+    anchor = make_numpy_anchor(contract.writes_cpu_indices, contract.trailing_token_to_seq)
+    cases = [
+        Case(
+            f"B={shape.batch} {shape.series}",
+            functools.partial(measure, ctx, grid, shape, anchor),
+        )
+        for shape in grid.shapes(contract.packed_aux)
+    ]
+    return Planned(cases, finish=targets, notes=ctx.sglang.stock_notes())

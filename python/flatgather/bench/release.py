@@ -1,0 +1,178 @@
+"""The SGLang release under test, as the bench's sections see it."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from contextlib import nullcontext
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+DRAFT_MODULE = "sglang.srt.speculative.eagle_worker_v2"
+DRAFT_OWNER = "EagleDraftWorker"
+DRAFT_METHOD = "_draft_extend_for_prefill"
+
+
+class NoPin(TorchFunctionMode):
+    """``pin_memory=True`` turned off, for a release that pins whatever the
+    host on a host without CUDA."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if kwargs.get("pin_memory"):
+            kwargs = {**kwargs, "pin_memory": False}
+        return func(*args, **kwargs)
+
+
+class _StandInKernel(types.ModuleType):
+    """An ``sgl_kernel`` module whose functions refuse to run."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def unavailable(*args, **kwargs):
+            raise RuntimeError(f"{self.__name__}.{name} is the bench's stand-in (no GPU here)")
+
+        return unavailable
+
+
+class _StandInKernelFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if fullname == "sgl_kernel" or fullname.startswith("sgl_kernel."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _StandInKernel(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+class SGLang:
+    """The release under test: its modules, its own functions (taken before
+    ``install()``), and flatgather installed over it for the whole run."""
+
+    def __init__(self, notes: list[str], draft: bool = False) -> None:
+        from sglang.srt.layers import logits_processor as lp
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+        import flatgather.sglang as fs
+
+        self.fs, self.lp = fs, lp
+        self.ForwardMode, self.CaptureHiddenMode = ForwardMode, CaptureHiddenMode
+        self.release = fs.sglang_release()
+        if fs.is_installed():
+            # FLATGATHER_SGLANG was set: the import installed flatgather.
+            fs.uninstall()
+            notes.append("FLATGATHER_SGLANG was set; flatgather was uninstalled to time stock")
+        self.draft_module = self.draft_stock = self.draft_fg = None
+        self.draft_problem: str | None = None
+        self.draft_notes: list[str] = []
+        if draft:
+            self._import_draft_worker()
+        cls = lp.LogitsProcessor
+        before = dict(vars(cls))
+        self.report = fs.install()
+        after = vars(cls)
+        self.stock = {name: value for name, value in before.items() if after.get(name) is not value}
+        """The release's own attributes that ``install()`` replaced."""
+        self.fg_pruned = after["_get_pruned_states"]
+        if self.draft_module is not None:
+            # install() patched the worker at once: it was imported already.
+            self.draft_fg = vars(getattr(self.draft_module, DRAFT_OWNER))[DRAFT_METHOD]
+        self.contract = self.report.contract
+        self._stock_pruned = self.stock["_get_pruned_states"]
+        self._no_pin = None
+        self._notes: list[str] = []
+        try:
+            self._stock_pruned(None, torch.zeros(2, 1), None, None, self.metadata([2], [0]))
+        except RuntimeError:
+            if torch.cuda.is_available():
+                raise
+            # 0.5.12 pins its index tensors whatever the host: its own function
+            # cannot run without CUDA. Pinning changes no value.
+            self._no_pin = NoPin
+            with NoPin():
+                self._stock_pruned(None, torch.zeros(2, 1), None, None, self.metadata([2], [0]))
+            self._notes.append(
+                "This release pins memory unconditionally and this host has no CUDA: SGLang's "
+                "own code ran under a TorchFunctionMode that turns pinning off, which adds to "
+                "**stock**'s time."
+            )
+        if not self.contract.prunes_aux:
+            self._notes.append(
+                "This release lacks SGLang PR #21589: its own code drops list aux layers (which "
+                "flatgather prunes, the backport), so **stock** does less work on those rows."
+            )
+
+    def _import_draft_worker(self) -> None:
+        """Import the V2 draft worker before ``install()``, so that its own
+        method is at hand. It imports the GPU-only ``sgl_kernel``: where that
+        is missing, a stand-in whose functions refuse to run takes its place
+        (the rotation runs before any kernel would)."""
+        if importlib.util.find_spec("sgl_kernel") is None:
+            sys.meta_path.append(_StandInKernelFinder())
+            self.draft_notes.append(
+                "No `sgl_kernel` here: the draft worker was imported with a stand-in whose "
+                "functions refuse to run (none runs before the draft forward)."
+            )
+        try:
+            module = importlib.import_module(DRAFT_MODULE)
+        except Exception as exc:
+            self.draft_problem = f"{DRAFT_MODULE} does not import here: {type(exc).__name__}: {exc}"
+            return
+        owner = getattr(module, DRAFT_OWNER, None)
+        if not isinstance(owner, type) or DRAFT_METHOD not in vars(owner):
+            self.draft_problem = f"{DRAFT_MODULE} has no {DRAFT_OWNER}.{DRAFT_METHOD}"
+            return
+        self.draft_module = module
+        self.draft_stock = vars(owner)[DRAFT_METHOD]
+
+    def metadata(self, extend: list[int], start: list[int]):
+        return self.lp.LogitsMetadata(
+            forward_mode=self.ForwardMode.EXTEND,
+            extend_return_logprob=True,
+            extend_seq_lens_cpu=list(extend),
+            extend_logprob_start_lens_cpu=list(start),
+        )
+
+    def stock_pruned_states(self, hidden, before_norm, aux, md):
+        if self._no_pin is None:
+            return self._stock_pruned(None, hidden, before_norm, aux, md)
+        with self._no_pin():
+            return self._stock_pruned(None, hidden, before_norm, aux, md)
+
+    def fg_pruned_states(self, hidden, before_norm, aux, md):
+        return self.fg_pruned(None, hidden, before_norm, aux, md)
+
+    def run_stock(self, fn):
+        with self._no_pin() if self._no_pin is not None else nullcontext():
+            return fn()
+
+    def stock_notes(self) -> list[str]:
+        return list(self._notes)
+
+    def install_record(self) -> dict:
+        r = self.report
+        return {
+            "release": r.release,
+            "verified_by": r.verified_by,
+            "probe_ms": round(r.probe_seconds * 1e3, 1),
+            "contract": r.contract.describe() if r.contract else None,
+            "lazy_aux": r.lazy_aux,
+            "backports": list(r.backports),
+            "patched": list(r.patched),
+            "notes": list(r.notes),
+        }
+
+    def close(self) -> None:
+        self.fs.uninstall()

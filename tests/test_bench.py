@@ -1,0 +1,344 @@
+"""``flatgather bench`` and ``flatgather report``: the sections run on tiny
+grids, the JSON they write is read back by ``report``, the machine's load is
+judged, and the release to measure is found without a hand-set PYTHONPATH.
+No assertion here is about how fast anything is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import flatgather
+import numpy as np
+import pytest
+from conftest import RELEASE
+from flatgather.bench import machine, report, run, sections, sglang_env, stats
+from flatgather.bench.cases import Grid
+
+if RELEASE is None:
+    pytest.skip("no sglang on sys.path", allow_module_level=True)
+
+PACKAGE_ROOT = Path(flatgather.__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent
+CHILD_TIMEOUT = 300
+
+
+# -- statistics ----------------------------------------------------------------
+
+
+def test_ratios_are_taken_round_by_round():
+    # A drift that hits both sides of each round cancels out of the ratio.
+    drift = np.linspace(1.0, 3.0, 9)
+    num = stats.summarize(list(2e-3 * drift), 1, np.random.default_rng(0)).to_dict()
+    den = stats.summarize(list(1e-3 * drift), 1, np.random.default_rng(0)).to_dict()
+    r = stats.ratio(num, den)
+    assert r["median"] == pytest.approx(2.0)
+    assert r["low"] == pytest.approx(2.0) and r["high"] == pytest.approx(2.0)
+    assert not stats.spans_one(r)
+    assert stats.spans_one({"median": 1.1, "low": 0.9, "high": 1.3})
+
+
+def test_samples_are_interleaved_with_the_order_rotating():
+    order: list[str] = []
+    fns = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    clock = lambda fn, k: (fn(), 1.0)[1]  # noqa: E731 - one call per sample, no timing
+    stats.measure_side_by_side(fns, samples=3, warmup_s=0, sample_s=0, clock=clock)
+    sampled = order[-9:]
+    assert sampled == list("abc" + "bca" + "cab")
+
+
+# -- the machine's load ------------------------------------------------------------
+
+
+def load_record(other_cores, before=(0.1, 0.1, 0.1), after=(0.2, 0.2, 0.2), threads=1):
+    return {
+        "cpus": 2,
+        "threads": threads,
+        "before": list(before),
+        "after": list(after),
+        "sections": {
+            "pruned-states": {
+                "seconds": 3.0,
+                "other_cores": other_cores,
+                "steal": 0.0,
+                "competitors": [{"pid": 42, "command": "python busy.py", "cores": 0.9}],
+            }
+        },
+    }
+
+
+def test_a_quiet_machine_gets_no_warning():
+    assert machine.judge(load_record(0.1), max_other_load=0.5) == []
+
+
+def test_a_competing_process_is_named():
+    (warning,) = machine.judge(load_record(0.95), max_other_load=0.5)
+    assert warning.startswith("busy machine") and "0.9 during `pruned-states`" in warning
+    assert "pid 42 `python busy.py`" in warning
+
+
+def test_a_high_load_average_warns_and_so_do_too_many_threads():
+    (warning,) = machine.judge(load_record(0.0, before=(2.5, 2, 2)), 0.5)
+    assert "load average 2.50 before the run" in warning
+    warnings = machine.judge(load_record(0.0, threads=3), 0.5)
+    assert any("--threads 3 is more than the 2 cores" in w for w in warnings)
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc")
+def test_cpu_of_other_processes_is_counted():
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        before = machine.snapshot()
+        time.sleep(1.0)
+        use = machine.usage(before, machine.snapshot(), top=1000)
+    finally:
+        child.kill()
+        child.wait(10)
+    assert use.other_cores is not None and use.other_cores >= 0.2
+    assert child.pid in [c["pid"] for c in use.competitors]
+
+
+# -- finding the release ---------------------------------------------------------
+
+
+def fake_release(root: Path, version: str, complete: bool = True) -> Path:
+    package = root / version / "sglang"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    if complete:
+        (root / version / ".complete").write_text("")
+    return root / version
+
+
+def test_releases_side_by_side_are_found_by_version(tmp_path, monkeypatch):
+    monkeypatch.setenv(sglang_env.DIR_ENV, str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    fake_release(tmp_path, "0.5.9")
+    wanted = fake_release(tmp_path, "0.5.10.post1")
+    fake_release(tmp_path, "0.5.11", complete=False)  # setup did not finish it
+    found = sglang_env.available()
+    assert list(found)[:2] == ["0.5.10.post1", "0.5.9"]
+    assert "0.5.11" not in found
+    resolved = sglang_env.resolve("0.5.10.post1")
+    assert resolved == wanted.resolve() and resolved.is_absolute()
+    with pytest.raises(sglang_env.SGLangNotFound, match=r"no such release.*0\.5\.10\.post1"):
+        sglang_env.resolve("0.5.99")
+    assert sglang_env.resolve(str(wanted)) == wanted.resolve()
+    with pytest.raises(sglang_env.SGLangNotFound, match="holds no sglang package"):
+        sglang_env.resolve(str(tmp_path))
+
+
+def bench_child(args, tmp_path, **extra_env):
+    """The bench in a fresh interpreter that finds flatgather (absolute
+    path) but no SGLang on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLATGATHER_")}
+    env["PYTHONPATH"] = str(PACKAGE_ROOT)
+    env.update(extra_env)
+    return subprocess.run(
+        [sys.executable, "-m", "flatgather", "bench", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+
+
+def test_an_unknown_release_is_a_one_line_error_listing_what_there_is(tmp_path):
+    fake_release(tmp_path / "releases", "0.5.7")
+    out = bench_child(
+        ["--sglang", "9.9.9"], tmp_path, FLATGATHER_SGLANG_DIR=str(tmp_path / "releases")
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert "--sglang 9.9.9: no such release" in out.stderr and "0.5.7" in out.stderr
+
+
+@pytest.mark.skipif(
+    not (REPO / ".sglang" / str(RELEASE) / ".complete").is_file(),
+    reason="the release under test is not installed side by side under .sglang/",
+)
+def test_sglang_flag_finds_the_release_from_anywhere(tmp_path):
+    # No SGLang on PYTHONPATH, started outside the repository: --sglang finds
+    # the release .ci/setup installed, through FLATGATHER_SGLANG_DIR.
+    # The rotation section runs here, in a process of its own: it imports the
+    # draft worker, which the tests of the draft patch import on their terms.
+    args = ["--sglang", RELEASE, "--quick", "--samples", "1", "--quiet"]
+    out = bench_child(
+        [*args, "--section", "host-cost", "--section", "rotation", "--json", "b.json"],
+        tmp_path,
+        FLATGATHER_SGLANG_DIR=str(REPO / ".sglang"),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"SGLang {RELEASE}" in out.stdout and "== host-cost" in out.stdout
+    (rotation,) = [s for s in json.loads((tmp_path / "b.json").read_text())["sections"][1:]]
+    assert rotation["name"] == "rotation"
+    assert rotation["rows"] if rotation["status"] == "measured" else rotation["reason"]
+
+
+# -- the sections, in process, on tiny grids -------------------------------------
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    from flatgather.bench import forward, host_cost, pruned_states
+
+    monkeypatch.setitem(
+        sections.TIMINGS, "quick", sections.Timing(samples=3, warmup_s=0.001, sample_s=0.0005)
+    )
+    for module, hidden in ((pruned_states, 16), (host_cost, 0)):
+        monkeypatch.setitem(
+            module.GRIDS,
+            "quick",
+            Grid((1, 6), (4,), (hidden,), ("bf16",), ((0, "none"), (2, "list")), 512),
+        )
+    monkeypatch.setitem(
+        forward.GRIDS, "quick", forward.Grid((1, 6), (4,), ("LAST",), ("list",), 512)
+    )
+    monkeypatch.setattr(forward, "HIDDEN", 16)
+
+
+IN_PROCESS = ("pruned-states", "host-cost", "forward")
+
+
+def bench(capsys, *args) -> tuple[int, str, str]:
+    if "--section" not in args:
+        args = (*args, *(a for name in IN_PROCESS for a in ("--section", name)))
+    code = run.main(["--quick", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_sections_run_and_report_reads_the_json_back(tiny, tmp_path, capsys):
+    path = tmp_path / "out" / "bench.json"
+    code, out, err = bench(capsys, "--json", str(path), "--max-other-load", "1000")
+    assert code == 0, err
+    assert "torch threads 1 (pinned, --threads)" in out
+    assert "busy machine" not in out  # the threshold is out of reach
+    for name in IN_PROCESS:
+        assert f"== {name}" in out
+    assert "[3/" in err  # progress on stderr
+    results = json.loads(path.read_text())
+    assert results["threads"] == 1 and results["size"] == "quick"
+    assert results["load"]["before"] and results["load"]["after"]
+    by_name = {s["name"]: s for s in results["sections"]}
+    assert list(by_name) == list(IN_PROCESS)
+    for name in IN_PROCESS:
+        section = by_name[name]
+        assert section["status"] == "measured" and section["rows"]
+        for row in section["rows"]:
+            if "skipped" in row:
+                continue
+            assert set(row["time"]) == set(section["variants"])
+            assert "stock/flatgather" in row["ratios"]
+            assert row["aten_ops"]["stock"] > 0
+
+    md, png = tmp_path / "r.md", tmp_path / "r.png"
+    assert report.main([str(path), "--markdown", str(md), "--plot", str(png)]) == 0
+    again = capsys.readouterr().out
+    assert again.split("\nwrote ")[0] == out.split("\nwrote ")[0]  # the same report
+    text = md.read_text()
+    assert results["command"] in text and "## How to read this" in text
+    assert "mean prompt 4 tokens" in text and "ext~" not in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_cuda_run_renders_its_extra_columns(tiny, tmp_path, capsys):
+    # No GPU here: a CPU run's JSON dressed as a CUDA run's (host time,
+    # GPU launches) must render in the table, the Markdown and the plot.
+    path = tmp_path / "cpu.json"
+    code, _, _ = bench(capsys, "--section", "host-cost", "--json", str(path), "--quiet")
+    assert code == 0
+    results = json.loads(path.read_text())
+    results["machine"].update(device="cuda:0", gpu="a GPU")
+    for row in results["sections"][0]["rows"]:
+        row["host_time"] = row["time"]
+        row["host_ratios"] = row["ratios"]
+        row["launches"] = {"stock": 7, "flatgather": None}
+    text = report.table(results)
+    assert "stock host" in text and "GPU ops stock/fg" in text and "7/?" in text
+    assert "fg (GPU)" in report.markdown(results)
+    report.plot(results, tmp_path / "cuda.png")
+
+
+def test_section_flag_runs_a_subset(tiny, tmp_path, capsys):
+    path = tmp_path / "b.json"
+    code, out, _ = bench(capsys, "--section", "host-cost", "--json", str(path), "--quiet")
+    assert code == 0
+    assert [s["name"] for s in json.loads(path.read_text())["sections"]] == ["host-cost"]
+    assert "== pruned-states" not in out
+
+
+def test_a_busy_machine_is_reported_everywhere(tiny, tmp_path, capsys):
+    # A busy loop on the other core, and a threshold it is sure to exceed.
+    path, md = tmp_path / "busy.json", tmp_path / "busy.md"
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        code, out, _ = bench(
+            capsys,
+            "--section",
+            "pruned-states",
+            "--max-other-load",
+            "0.05",
+            "--json",
+            str(path),
+            "--markdown",
+            str(md),
+            "--quiet",
+        )
+    finally:
+        child.kill()
+        child.wait(10)
+    assert code == 0
+    assert "WARNING: busy machine" in out
+    assert any(w.startswith("busy machine") for w in json.loads(path.read_text())["warnings"])
+    assert "> **Warning**" in md.read_text() and "busy machine" in md.read_text()
+
+
+def test_a_ratio_whose_interval_holds_one_is_flagged():
+    section = {
+        "name": "x",
+        "ratios": [{"key": "stock/flatgather", "decisive": True}],
+        "rows": [
+            {"ratios": {"stock/flatgather": {"median": 1.02, "low": 0.97, "high": 1.1}}},
+            {"ratios": {"stock/flatgather": {"median": 3.0, "low": 2.9, "high": 3.1}}},
+        ],
+    }
+    assert report.spanning(section) == (1, 2)
+    assert report.fmt_ratio(section["rows"][0]["ratios"]["stock/flatgather"], True).endswith("?")
+
+
+def test_legends_say_what_differs_in_words():
+    common, short = report.split_series(
+        ["hidden 1024, bf16, mean prompt 16 tokens", "hidden 1024, bf16, mean prompt 256 tokens"]
+    )
+    assert common == ["hidden 1024", "bf16"]
+    assert list(short.values()) == ["mean prompt 16 tokens", "mean prompt 256 tokens"]
+
+
+# -- report on a bad file ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "no such file"), ("{not json", "is not JSON"), ('{"shapes": []}', "not written by")],
+)
+def test_report_on_a_bad_file_is_a_one_line_error(tmp_path, content, message):
+    path = tmp_path / "missing.json"
+    if content is not None:
+        path.write_text(content)
+    out = subprocess.run(
+        [sys.executable, "-m", "flatgather", "report", str(path)],
+        env={**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+    )
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr
