@@ -15,6 +15,7 @@ matrix test checks that the probe finds each row true of the running code.
 from __future__ import annotations
 
 import os
+import sys
 
 import flatgather.sglang
 import pytest
@@ -61,9 +62,33 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_STOCK: dict = {}
+
+
 @pytest.fixture(autouse=True)
-def _uninstalled():
-    """Every test starts and ends with SGLang unpatched."""
+def _uninstalled(monkeypatch):
+    """Every test starts and ends with SGLang unpatched and its
+    ``LogitsProcessor`` exactly as shipped.
+
+    The fixture takes ``monkeypatch`` so that its teardown runs first: a test
+    that installs over a monkeypatched release is uninstalled before the
+    monkeypatch is undone, never the other way round.
+    """
     flatgather.sglang.uninstall()
+    module = sys.modules.get("sglang.srt.layers.logits_processor")
+    if module is not None and not _STOCK:
+        _STOCK.update(vars(module.LogitsProcessor))
     yield
     flatgather.sglang.uninstall()
+    monkeypatch.undo()
+    if _STOCK:
+        leaked = (
+            {
+                name
+                for name, value in vars(sys.modules[module.__name__].LogitsProcessor).items()
+                if _STOCK.get(name) is not value
+            }
+            if module is not None
+            else set()
+        )
+        assert not leaked, f"the test left LogitsProcessor changed: {sorted(leaked)}"

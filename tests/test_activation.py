@@ -86,7 +86,10 @@ def test_spawned_child_follows_the_switch(tmp_path, switch, want):
         assert out.stderr.count("active in pid") == 1  # the child; the parent has no SGLang
 
 
-IMPORTED = "import sys; print(sorted(m for m in sys.modules if m.startswith(('flatgather', 'torch', 'numpy'))))"
+IMPORTED = (
+    "import sys; "
+    "print(sorted(m for m in sys.modules if m.startswith(('flatgather', 'torch', 'numpy'))))"
+)
 
 
 @pytest.mark.parametrize("value", [None, "", "0", "off", "false", "no", " OFF ", "False"])
@@ -184,7 +187,10 @@ def _standin_entry(tmp_path):
 def test_launcher_runs_the_entry_point_with_arguments_unchanged(tmp_path):
     args = ["--model-path", "x y", "--port", "30000", "--enable-return-hidden-states"]
     out = run_python(
-        ["-m", "flatgather.launch_server", *args], None, tmp_path, extra_env=_standin_entry(tmp_path)
+        ["-m", "flatgather.launch_server", *args],
+        None,
+        tmp_path,
+        extra_env=_standin_entry(tmp_path),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"argv {args!r}" in out.stdout
@@ -193,8 +199,9 @@ def test_launcher_runs_the_entry_point_with_arguments_unchanged(tmp_path):
 
 def test_a_bad_log_level_warns_and_the_server_still_starts(tmp_path):
     env = {**_standin_entry(tmp_path), "FLATGATHER_LOG_LEVEL": "verbose"}
-    out = run_python(["-m", "flatgather.launch_server", "--port", "1"], None, tmp_path,
-                     extra_env=env)
+    out = run_python(
+        ["-m", "flatgather.launch_server", "--port", "1"], None, tmp_path, extra_env=env
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "patched True" in out.stdout
     assert "FLATGATHER_LOG_LEVEL=verbose is not a log level" in out.stderr

@@ -104,7 +104,8 @@ def check(stock, ours, extend, capture, aux_kind):
         return
     assert_same(ours, stock)
     for name in ("next_token_logits", "input_token_logprobs"):
-        assert not ours[name].isnan().any(), f"{name} read a padding row"
+        if ours[name] is not None:  # None where no request has an input logprob
+            assert not ours[name].isnan().any(), f"{name} read a padding row"
 
 
 @pytest.mark.matrix

@@ -138,9 +138,16 @@ def test_non_ascii_text_is_described_not_panicked_on():
 
 @pytest.mark.parametrize(
     ("rows", "kind"),
-    [(2.0, "not_an_integer"), ("9", "not_an_integer"), (2**70, "not_an_integer"),
-     (True, "not_an_integer"), (torch.tensor(True), "not_an_integer"),
-     (np.bool_(False), "not_an_integer"), ([9], "not_an_integer"), (8, "too_few_rows")],
+    [
+        (2.0, "not_an_integer"),
+        ("9", "not_an_integer"),
+        (2**70, "not_an_integer"),
+        (True, "not_an_integer"),
+        (torch.tensor(True), "not_an_integer"),
+        (np.bool_(False), "not_an_integer"),
+        ([9], "not_an_integer"),
+        (8, "too_few_rows"),
+    ],
 )
 def test_num_rows_of_any_type_is_a_result_or_plan_error(rows, kind):
     with pytest.raises(PlanError) as info:
@@ -157,8 +164,15 @@ def test_integers_through_index_numpy_and_torch_are_accepted():
 
 @pytest.mark.parametrize(
     "value",
-    [torch.tensor(True), np.bool_(True), torch.tensor(4.0), torch.tensor([4]), np.array(4.0),
-     np.float64(4.0), 4 + 0j],
+    [
+        torch.tensor(True),
+        np.bool_(True),
+        torch.tensor(4.0),
+        torch.tensor([4]),
+        np.array(4.0),
+        np.float64(4.0),
+        4 + 0j,
+    ],
 )
 def test_bool_and_non_integer_scalars_are_refused(value):
     with pytest.raises(PlanError) as info:
@@ -185,8 +199,18 @@ def test_an_enormous_legal_plan_is_refused_before_allocating():
 
 @pytest.mark.parametrize(
     "value",
-    [torch.tensor([4.5]), torch.zeros(2, 2, dtype=torch.int64), np.array([[1]]), np.array(["4"]),
-     "45", b"45", 3, {4: 0}, range(3), iter([1])],
+    [
+        torch.tensor([4.5]),
+        torch.zeros(2, 2, dtype=torch.int64),
+        np.array([[1]]),
+        np.array(["4"]),
+        "45",
+        b"45",
+        3,
+        {4: 0},
+        range(3),
+        iter([1]),
+    ],
 )
 def test_wrong_containers_are_plan_errors(value):
     with pytest.raises(PlanError) as info:

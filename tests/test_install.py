@@ -47,10 +47,13 @@ def test_install_reports_what_it_verified_and_applied():
     assert report.lazy_aux
     assert report.backports == (() if PRUNES_AUX else ("aux-logprob-prune",))
     assert report.probe_seconds > 0
-    assert set(report.patched) == {
+    ours = {
         f"{lp.__name__}.LogitsProcessor.{name}"
         for name in ("_get_pruned_states", "_get_hidden_states_to_store", "forward")
     }
+    assert ours <= set(report.patched)
+    # Anything else is the draft worker's, patched now if another test imported it.
+    assert all("eagle_worker_v2" in where for where in set(report.patched) - ours)
 
 
 @pytest.mark.matrix
@@ -150,7 +153,7 @@ def test_force_is_accepted_changes_nothing_and_says_so():
 
 def test_lazy_aux_stays_off_when_the_release_forward_uses_the_aux_result_elsewhere():
     def forward(self, hidden, aux):
-        pruned, before, aux_pruned, sample, lp_idx, t2s = self._get_pruned_states(hidden)
+        _pruned, _before, aux_pruned, _sample, _lp_idx, _t2s = self._get_pruned_states(hidden)
         stored = self._get_hidden_states_to_store(aux_pruned)
         return stored, aux_pruned  # read a second time: a lazy object would leak
 

@@ -27,6 +27,7 @@ class Forwards:
 
     def __init__(self) -> None:
         self.processor, self.lm_head = make_processor(VOCAB, HIDDEN)
+        self.stock_processor, _ = make_processor(VOCAB, HIDDEN, stock=True)
         self.inputs = []
         for i, (extend, start) in enumerate(BATCHES):
             input_ids, hidden, _before, aux = make_tensors(extend, i, "list", False, 3)
@@ -34,13 +35,16 @@ class Forwards:
         fs.uninstall()
         self.expected = [self.run(i) for i in range(len(BATCHES))]
 
-    def run(self, i: int) -> dict:
+    def run(self, i: int, stock: bool = False) -> dict:
+        """Batch ``i`` through the processor as it is now (patched or not),
+        or through the release's own code with ``stock``."""
         extend, start, input_ids, hidden, aux = self.inputs[i]
         md = forward_metadata(
             extend, start, "LAST", input_ids, [0] * len(extend), [None] * len(extend)
         )
+        processor = self.stock_processor if stock else self.processor
         with oracle_context():
-            out = self.processor.forward(input_ids, hidden, self.lm_head, md, aux_hidden_states=aux)
+            out = processor.forward(input_ids, hidden, self.lm_head, md, aux_hidden_states=aux)
         return output_fields(out)
 
 
@@ -166,9 +170,12 @@ def test_threaded_soak_forwards_while_installs_toggle(forwards):
     def worker(k):
         rng = random.Random(k)
         try:
+            # The release's own outputs, computed on this thread: the CPU
+            # thread settings that a matmul's rounding depends on are per thread.
+            expected = [forwards.run(i, stock=True) for i in range(len(BATCHES))]
             while not done.is_set() or counts[k] < 50:
                 i = rng.randrange(len(BATCHES))
-                assert_same(forwards.run(i), forwards.expected[i])
+                assert_same(forwards.run(i), expected[i])
                 counts[k] += 1
         except BaseException as exc:
             errors.append(exc)
