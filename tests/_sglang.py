@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
-import types
-from contextlib import nullcontext
-
 import pytest
 import torch
 from conftest import RELEASE, ROW
-from torch.overrides import TorchFunctionMode
+from flatgather.sglang.standins import unpinned_without_cuda
 
 if RELEASE is None:
     pytest.skip("no sglang on sys.path", allow_module_level=True)
@@ -25,42 +19,6 @@ PRUNES_AUX = ROW.prunes_aux  # False before SGLang PR #21589
 TRAILING_TOKEN_TO_SEQ = ROW.trailing_token_to_seq
 WRITES_CPU_INDICES = ROW.writes_cpu_indices
 DRAFT_NO_LOGPROB = ROW.draft_no_logprob
-
-# A stand-in for the GPU-only sgl_kernel, which eagle_worker_v2 imports
-# (with submodules). Any attribute of any sgl_kernel module is a callable
-# that refuses to run: importing works, calling a kernel does not.
-
-
-class _StandInKernelModule(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-
-        def unavailable(*args, **kwargs):
-            raise RuntimeError(f"{self.__name__}.{name} is a test stand-in")
-
-        return unavailable
-
-
-class _StandInKernelFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path, target=None):
-        if fullname == "sgl_kernel" or fullname.startswith("sgl_kernel."):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = _StandInKernelModule(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
-def install_sgl_kernel_stand_in() -> None:
-    if not any(isinstance(f, _StandInKernelFinder) for f in sys.meta_path):
-        sys.meta_path.append(_StandInKernelFinder())
-
 
 from sglang.srt.layers import logits_processor as lp  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import (  # noqa: E402
@@ -93,21 +51,10 @@ CAPTURE_MODES = {
 }
 
 
-class _UnpinnedWithoutCuda(TorchFunctionMode):
-    """0.5.12 builds its index tensors with ``pin_memory=True`` whatever the
-    host, so its own function cannot run without CUDA. The oracle runs it with
-    pinning off there: pinning changes no value."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if kwargs.get("pin_memory"):
-            kwargs = {**kwargs, "pin_memory": False}
-        return func(*args, **kwargs)
-
-
 def oracle_context():
-    """Where the release's own code runs as the oracle."""
-    return nullcontext() if torch.cuda.is_available() else _UnpinnedWithoutCuda()
+    """Where the release's own code runs as the oracle: with pinning off on
+    a host without CUDA (0.5.12 pins whatever the host; it changes no value)."""
+    return unpinned_without_cuda()
 
 
 def metadata(extend, start, capture: str = "NULL", mode=ForwardMode.EXTEND, **extra):

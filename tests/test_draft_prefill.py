@@ -22,11 +22,12 @@ from unittest import mock
 import flatgather.sglang
 import pytest
 import torch
-from _sglang import DRAFT_NO_LOGPROB, ROW, install_sgl_kernel_stand_in
+from _sglang import DRAFT_NO_LOGPROB, ROW
 from flatgather.bench import draft_harness
 from flatgather.bench.draft_harness import make_inputs
 from flatgather.sglang import draft_prefill
 from flatgather.sglang.releases import IN_PLACE, NEW_TENSOR_MM
+from flatgather.sglang.standins import install_sgl_kernel_stand_in
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -410,14 +411,14 @@ def test_patched_when_the_worker_module_is_imported_after_install():
         f"""
         import sys
         import flatgather.sglang as fs
-        import _sglang
         from flatgather.bench import draft_harness as h
+        from flatgather.sglang.standins import install_sgl_kernel_stand_in
 
         name = {draft_prefill.MODULE!r}
         report = fs.install()
         assert name not in sys.modules, "install() imported the worker module"
         assert report.pending == (name,), report
-        _sglang.install_sgl_kernel_stand_in()
+        install_sgl_kernel_stand_in()
         import sglang.srt.speculative.eagle_worker_v2 as w
         report = fs.installed_report()
         assert report.pending == () and {WHERE!r} in report.patched, report
@@ -427,8 +428,9 @@ def test_patched_when_the_worker_module_is_imported_after_install():
         print("lazy-ok")
         """
     )
-    tests = Path(__file__).parent
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests), os.environ["PYTHONPATH"]]))
+    tests = Path(__file__).resolve().parent
+    paths = [tests, *(Path(p).resolve() for p in os.environ["PYTHONPATH"].split(os.pathsep) if p)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, paths)))
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
     )

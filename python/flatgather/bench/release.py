@@ -6,55 +6,15 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import sys
-import types
 from contextlib import nullcontext
 
 import torch
-from torch.overrides import TorchFunctionMode
+
+from flatgather.sglang.standins import Unpinned, install_sgl_kernel_stand_in
 
 DRAFT_MODULE = "sglang.srt.speculative.eagle_worker_v2"
 DRAFT_OWNER = "EagleDraftWorker"
 DRAFT_METHOD = "_draft_extend_for_prefill"
-
-
-class NoPin(TorchFunctionMode):
-    """``pin_memory=True`` turned off, for a release that pins whatever the
-    host on a host without CUDA."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if kwargs.get("pin_memory"):
-            kwargs = {**kwargs, "pin_memory": False}
-        return func(*args, **kwargs)
-
-
-class _StandInKernel(types.ModuleType):
-    """An ``sgl_kernel`` module whose functions refuse to run."""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-
-        def unavailable(*args, **kwargs):
-            raise RuntimeError(f"{self.__name__}.{name} is the bench's stand-in (no GPU here)")
-
-        return unavailable
-
-
-class _StandInKernelFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, fullname, path, target=None):
-        if fullname == "sgl_kernel" or fullname.startswith("sgl_kernel."):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = _StandInKernel(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module):
-        pass
 
 
 class SGLang:
@@ -100,8 +60,8 @@ class SGLang:
                 raise
             # 0.5.12 pins its index tensors whatever the host: its own function
             # cannot run without CUDA. Pinning changes no value.
-            self._no_pin = NoPin
-            with NoPin():
+            self._no_pin = Unpinned
+            with Unpinned():
                 self._stock_pruned(None, torch.zeros(2, 1), None, None, self.metadata([2], [0]))
             self._notes.append(
                 "This release pins memory unconditionally and this host has no CUDA: SGLang's "
@@ -120,7 +80,7 @@ class SGLang:
         is missing, a stand-in whose functions refuse to run takes its place
         (the rotation runs before any kernel would)."""
         if importlib.util.find_spec("sgl_kernel") is None:
-            sys.meta_path.append(_StandInKernelFinder())
+            install_sgl_kernel_stand_in()
             self.draft_notes.append(
                 "No `sgl_kernel` here: the draft worker was imported with a stand-in whose "
                 "functions refuse to run (none runs before the draft forward)."

@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from flatgather.sglang.pruned_states import (
     Contract,
@@ -55,6 +54,7 @@ from flatgather.sglang.pruned_states import (
     make_hidden_states_to_store,
     make_pruned_states,
 )
+from flatgather.sglang.standins import Unpinned
 
 __all__ = ["ProbeFailed", "Verdict", "first_difference", "run"]
 
@@ -90,22 +90,6 @@ class Verdict:
     pin_neutralised: bool
     """The release's function pins memory unconditionally and this host has
     no CUDA: the probe ran it with ``pin_memory=False``."""
-
-
-class _NoPinWithoutCuda(TorchFunctionMode):
-    """Turns ``pin_memory=True`` off (on a host without CUDA, where it
-    cannot work), counting how often."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hits = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if kwargs.get("pin_memory"):
-            kwargs = {**kwargs, "pin_memory": False}
-            self.hits += 1
-        return func(*args, **kwargs)
 
 
 RESULT_FIELDS = (
@@ -191,7 +175,7 @@ def _outcome(fn: Callable, *args):
 class _Release:
     """The release's classes and its own functions, called as the probe needs."""
 
-    def __init__(self, module: ModuleType, no_pin: _NoPinWithoutCuda | None) -> None:
+    def __init__(self, module: ModuleType, no_pin: Unpinned | None) -> None:
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
         self.metadata_cls = module.LogitsMetadata
@@ -403,7 +387,7 @@ def run(logits_processor: ModuleType) -> Verdict:
                 raise
             # Perhaps pinned memory, which this host cannot give: once more
             # with pinning off.
-            release.no_pin = _NoPinWithoutCuda()
+            release.no_pin = Unpinned()
             contract = _derive(release)
     except Exception as exc:
         raise ProbeFailed(

@@ -84,14 +84,30 @@ class Contract:
         )
 
 
+# How each ForwardMode is routed, worked out once per mode: "release" (the
+# decode / verify / draft-extend branch), "extend" (the release's branch
+# without logprobs, or the logprob branch) or "logprob".
+_routes: dict = {}
+
+
+def _route(mode) -> str:
+    key = (type(mode), mode)  # IntEnum members of different enums compare equal
+    route = _routes.get(key)
+    if route is None:
+        if mode.is_decode_or_idle() or mode.is_target_verify() or mode.is_draft_extend_v2():
+            route = "release"
+        else:
+            route = "extend" if mode.is_extend() else "logprob"
+        _routes[key] = route
+    return route
+
+
 def uses_release_code(metadata) -> bool:
     """True where the release's other branches apply: the same tests, in the
     same order, as its ``_get_pruned_states`` (the probe checks this against
     every ``ForwardMode`` of the running release)."""
-    mode = metadata.forward_mode
-    if mode.is_decode_or_idle() or mode.is_target_verify() or mode.is_draft_extend_v2():
-        return True
-    return mode.is_extend() and not metadata.extend_return_logprob
+    route = _route(metadata.forward_mode)
+    return route == "release" or (route == "extend" and not metadata.extend_return_logprob)
 
 
 def _check_rows(name: str, tensor: torch.Tensor, tokens: int) -> None:
@@ -250,27 +266,17 @@ def make_pruned_states(
     ``index_select`` per tensor in the logprob branch. With a ``gate``, aux
     layers are pruned lazily inside the forwards it counts."""
 
-    @functools.wraps(original)
-    def _get_pruned_states(
-        self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
-    ):
+    def _plan(hidden_states, aux_hidden_states, logits_metadata):
+        """The batch's plan, or None where the release's own code runs."""
         if torch.compiler.is_compiling() or uses_release_code(logits_metadata):
-            return original(
-                self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
-            )
-        packed = isinstance(aux_hidden_states, torch.Tensor)
-        device = hidden_states.device
-        if (packed and not contract.packed_aux) or (
-            device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        ):
-            # A packed tensor this release does not know, or a CUDA graph
-            # being captured (which must not capture a copy from our reused
-            # host buffers): the release's own code, as shipped.
-            return original(
-                self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
-            )
+            return None
+        if isinstance(aux_hidden_states, torch.Tensor) and not contract.packed_aux:
+            return None  # a packed tensor this release does not know
+        if hidden_states.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A CUDA graph must not capture a copy from our reused host buffers.
+            return None
         try:
-            plan = PrunePlan(
+            return PrunePlan(
                 logits_metadata.extend_seq_lens_cpu, logits_metadata.extend_logprob_start_lens_cpu
             )
         except PlanError as exc:
@@ -278,9 +284,19 @@ def make_pruned_states(
                 raise
             # A request with no token (SGLang pads batches with them) is
             # outside the plan; the release's code decides what it means.
+            return None
+
+    @functools.wraps(original)
+    def _get_pruned_states(
+        self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
+    ):
+        plan = _plan(hidden_states, aux_hidden_states, logits_metadata)
+        if plan is None:
             return original(
                 self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
             )
+        packed = isinstance(aux_hidden_states, torch.Tensor)
+        device = hidden_states.device
         tokens = plan.num_tokens
         _check_rows("hidden_states", hidden_states, tokens)
         if hidden_states_before_norm is not None:
