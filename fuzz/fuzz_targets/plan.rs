@@ -1,24 +1,32 @@
-//! Fuzz target for `Plan::new` / `Plan::fill`.
+//! Fuzz target for `PrunePlan::new` / `PrunePlan::fill` / `PrunePlan::check_rows`.
 //!
 //! The input bytes are decoded into `extend_seq_lens` and
 //! `extend_logprob_start_lens` (two `i64` lists, usually of the same length),
 //! biased towards the values that matter: short batches, `start == extend`,
 //! `start == 0`, starts just past their extend, negatives, `i64::MIN`/`MAX`,
-//! values around `MAX_TOKENS` and totals that overflow `i64`.
+//! values around `MAX_TOKENS`, around the `MAX_PLAN_BYTES` bound, and totals
+//! that overflow `i64`. The bytes left over pick a row count and a cut.
 //!
 //! Every outcome is checked, and any panic is a bug in the core:
-//! * `Plan::new` accepts exactly the batches a small reference model accepts,
-//!   and rejects the others with the same kind of error, about the same request;
-//! * an error's `request()` is a valid request index and its message is not empty;
+//! * `PrunePlan::new` answers exactly what a small reference model answers:
+//!   the same counts for an accepted batch, the same error (every field of it)
+//!   for a rejected one;
+//! * an error's `request()` is a valid request index and its message names it
+//!   (and the field, where there is one);
+//! * `check_rows` accepts at least `num_tokens` rows (exactly that many when
+//!   `exact`) and otherwise returns `TooFewRows` / `RowMismatch`;
 //! * an accepted plan passes `invariants::check_plan` (when it is small enough
 //!   to fill quickly), and `fill` into a too-short buffer returns `Err`.
 #![no_main]
 
-use flatgather_core::{invariants, Field, Plan, PlanError, MAX_TOKENS};
+use flatgather_core::{invariants, Field, PlanError, PrunePlan, MAX_PLAN_BYTES, MAX_TOKENS};
 use libfuzzer_sys::fuzz_target;
 
 /// Plans with fewer tokens than this are filled and checked in full.
 const FILL_LIMIT: usize = 1 << 20;
+
+/// The most `int64` values a plan's buffers may hold.
+const MAX_PLAN_VALUES: i64 = (MAX_PLAN_BYTES / 8) as i64;
 
 /// Reads the input front to back; past its end every read is 0.
 struct Bytes<'a>(&'a [u8]);
@@ -73,6 +81,9 @@ impl Bytes<'_> {
             15 => MAX_TOKENS / (1 + b % 8) + i64::from(self.u8() as i8 % 4),
             16 => (1i64 << (b % 63)).wrapping_add(i64::from(self.u8() as i8 % 4)),
             17 => -b,
+            // Around the size bound: a third of it is one request with every
+            // row kept, a half a rotation of one request.
+            18 => MAX_PLAN_VALUES / (1 + b % 4) + i64::from(self.u8() as i8 % 8),
             _ => self.u64() as i64,
         }
     }
@@ -87,6 +98,16 @@ impl Bytes<'_> {
             6 => extend.wrapping_add(1 + i64::from(self.u8() % 4)),
             7 => i64::from(self.u8() % 17),
             _ => self.value(),
+        }
+    }
+
+    /// A row count for a batch of `tokens` tokens: mostly near it.
+    fn rows(&mut self, tokens: i64) -> i64 {
+        let sel = self.u8();
+        match sel % 4 {
+            0 | 1 => tokens.wrapping_add(i64::from(self.u8() as i8)),
+            2 => i64::from(self.u16()),
+            _ => self.u64() as i64,
         }
     }
 }
@@ -114,40 +135,103 @@ fn decode(bytes: &mut Bytes<'_>) -> (Vec<i64>, Vec<i64>) {
     (extend, start)
 }
 
-/// What `Plan::new` must answer, written straight from the contract: the
-/// batch's token count, or the error's kind, request and (for a negative
-/// value) field. Requests are checked in order; within one, in the order the
-/// variants of `PlanError` list them.
-fn reference(
-    extend: &[i64],
-    start: &[i64],
-) -> Result<i128, (&'static str, Option<usize>, Option<Field>)> {
+/// An accepted batch's counts, as the contract defines them.
+#[derive(Debug, PartialEq, Eq)]
+struct Counts {
+    tokens: i128,
+    kept: i128,
+    logprob: i128,
+}
+
+/// What `PrunePlan::new` must answer, written straight from the contract:
+/// the batch's counts, or the exact error.
+///
+/// Requests are checked in order; within one: a negative extend, a negative
+/// start, a zero extend, a running total past `MAX_TOKENS`, a start past its
+/// extend. After the loop, the plan's buffers (`gather | sample |
+/// input_logprob | token_to_seq`, that is `kept + batch + logprob + kept`
+/// `int64` values) must fit in `MAX_PLAN_BYTES`.
+fn reference(extend: &[i64], start: &[i64]) -> Result<Counts, PlanError> {
     if extend.len() != start.len() {
-        return Err(("length_mismatch", None, None));
+        return Err(PlanError::LengthMismatch {
+            extend: extend.len(),
+            start: start.len(),
+        });
     }
     if extend.is_empty() {
-        return Err(("empty_batch", None, None));
+        return Err(PlanError::EmptyBatch);
     }
-    let mut total = 0i128;
-    for (i, (&e, &s)) in extend.iter().zip(start).enumerate() {
+    let (mut tokens, mut kept, mut logprob) = (0i128, 0i128, 0i128);
+    for (request, (&e, &s)) in extend.iter().zip(start).enumerate() {
         if e < 0 {
-            return Err(("negative", Some(i), Some(Field::ExtendSeqLens)));
+            return Err(PlanError::Negative {
+                field: Field::ExtendSeqLens,
+                request,
+                value: e,
+            });
         }
         if s < 0 {
-            return Err(("negative", Some(i), Some(Field::ExtendLogprobStartLens)));
+            return Err(PlanError::Negative {
+                field: Field::ExtendLogprobStartLens,
+                request,
+                value: s,
+            });
         }
         if e == 0 {
-            return Err(("zero_extend", Some(i), None));
+            return Err(PlanError::ZeroExtend {
+                field: Field::ExtendSeqLens,
+                request,
+            });
+        }
+        tokens += i128::from(e);
+        if tokens > i128::from(MAX_TOKENS) {
+            return Err(PlanError::TooManyTokens {
+                field: Field::ExtendSeqLens,
+                request,
+                extend: e,
+                // The total as an i64, saturated where it would pass i64::MAX.
+                total: tokens.min(i128::from(i64::MAX)) as i64,
+            });
         }
         if s > e {
-            return Err(("start_past_extend", Some(i), None));
+            return Err(PlanError::StartPastExtend {
+                request,
+                start: s,
+                extend: e,
+            });
         }
-        total += i128::from(e);
-        if total > i128::from(MAX_TOKENS) {
-            return Err(("too_many_tokens", Some(i), None));
+        // Rows [s, e) are kept and carry a logprob; a chunk with s == e keeps
+        // only its last row, which carries none.
+        if s == e {
+            kept += 1;
+        } else {
+            kept += i128::from(e - s);
+            logprob += i128::from(e - s);
         }
     }
-    Ok(total)
+    let values = 2 * kept + extend.len() as i128 + logprob;
+    let bytes = 8 * values;
+    if bytes > i128::from(MAX_PLAN_BYTES) {
+        return Err(PlanError::PlanTooLarge {
+            bytes: bytes as u64,
+        });
+    }
+    Ok(Counts {
+        tokens,
+        kept,
+        logprob,
+    })
+}
+
+/// What `check_rows(rows, exact)` must answer for a batch of `tokens`.
+fn rows_reference(tokens: i64, rows: i64, exact: bool) -> Result<(), PlanError> {
+    if rows < tokens {
+        Err(PlanError::TooFewRows { tokens, rows })
+    } else if exact && rows != tokens {
+        Err(PlanError::RowMismatch { tokens, rows })
+    } else {
+        Ok(())
+    }
 }
 
 fn check_error(err: &PlanError, len: usize) {
@@ -161,10 +245,24 @@ fn check_error(err: &PlanError, len: usize) {
             "{err:?}: message {msg:?} does not name request {request}"
         );
     }
+    let field = match err {
+        PlanError::Negative { field, .. }
+        | PlanError::ZeroExtend { field, .. }
+        | PlanError::TooManyTokens { field, .. }
+        | PlanError::NotAnInteger { field, .. } => Some(*field),
+        _ => None,
+    };
+    if let Some(field) = field {
+        assert!(
+            msg.contains(field.name()),
+            "{err:?}: message {msg:?} does not name {}",
+            field.name()
+        );
+    }
 }
 
-/// `fill` into each too-short prefix of `buf` (all of `buf` must be short).
-fn check_too_short(plan: &Plan, buf: &mut [i64], with_token_to_seq: bool) {
+/// `fill` into `buf`, which must be too short.
+fn check_too_short(plan: &PrunePlan, buf: &mut [i64], with_token_to_seq: bool) {
     let needed = plan.layout(with_token_to_seq).len();
     let got = buf.len();
     match plan.fill(buf, with_token_to_seq) {
@@ -181,45 +279,77 @@ fuzz_target!(|data: &[u8]| {
     let mut bytes = Bytes(data);
     let (extend, start) = decode(&mut bytes);
     let want = reference(&extend, &start);
-    let plan = match Plan::new(&extend, &start) {
+    let plan = match PrunePlan::new(&extend, &start) {
         Err(err) => {
             check_error(&err, extend.len());
-            let field = match err {
-                PlanError::Negative { field, .. } => Some(field),
-                _ => None,
-            };
-            let got = (err.kind(), err.request(), field);
-            assert_eq!(Err(got), want, "Plan::new({extend:?}, {start:?}) = {err:?}");
+            assert_eq!(
+                Err(&err),
+                want.as_ref(),
+                "PrunePlan::new({extend:?}, {start:?})"
+            );
             return;
         }
         Ok(plan) => plan,
     };
-    let total = match want {
-        Ok(total) => total,
-        Err(want) => panic!("Plan::new({extend:?}, {start:?}) accepted, want {want:?}"),
+    let counts = match want {
+        Ok(counts) => counts,
+        Err(want) => panic!("PrunePlan::new({extend:?}, {start:?}) accepted, want {want:?}"),
     };
 
-    // Counts: cheap, so checked on every plan, however large.
+    // Counts and rows: cheap, so checked on every plan, however large.
+    let got = Counts {
+        tokens: plan.num_tokens() as i128,
+        kept: plan.num_pruned() as i128,
+        logprob: plan.num_input_logprob() as i128,
+    };
+    assert_eq!(
+        got, counts,
+        "counts of PrunePlan::new({extend:?}, {start:?})"
+    );
     assert_eq!(plan.batch_size(), extend.len(), "batch_size");
-    assert_eq!(plan.num_tokens() as i128, total, "num_tokens");
-    assert!(
-        plan.num_pruned() >= plan.batch_size(),
-        "fewer kept rows than requests"
+    let layout = plan.layout(true);
+    assert_eq!(
+        (
+            layout.gather,
+            layout.sample,
+            layout.input_logprob,
+            layout.token_to_seq
+        ),
+        (
+            plan.num_pruned(),
+            plan.batch_size(),
+            plan.num_input_logprob(),
+            plan.num_pruned()
+        ),
+        "layout(true)"
     );
+    assert_eq!(plan.layout(false).token_to_seq, 0, "layout(false)");
     assert!(
-        plan.num_pruned() <= plan.num_tokens(),
-        "more kept rows than tokens"
+        layout.len() as u64 * 8 <= MAX_PLAN_BYTES,
+        "an accepted plan over the bound"
     );
-    assert!(
-        plan.num_input_logprob() <= plan.num_pruned(),
-        "more logprob rows than kept rows"
-    );
-    let rows = plan.num_tokens() as i64;
-    assert_eq!(plan.check_rows(rows), Ok(()), "check_rows(num_tokens)");
-    for bad in [rows + 1, rows - 1, -1, i64::MIN, i64::MAX] {
-        match plan.check_rows(bad) {
-            Err(err @ PlanError::RowMismatch { .. }) => check_error(&err, extend.len()),
-            other => panic!("check_rows({bad}) with {rows} tokens gave {other:?}"),
+    let tokens = plan.num_tokens() as i64;
+    let picked = bytes.rows(tokens);
+    for exact in [false, true] {
+        for rows in [
+            tokens,
+            tokens + 1,
+            tokens - 1,
+            0,
+            -1,
+            i64::MIN,
+            i64::MAX,
+            picked,
+        ] {
+            let got = plan.check_rows(rows, exact);
+            if let Err(err) = &got {
+                check_error(err, extend.len());
+            }
+            assert_eq!(
+                got,
+                rows_reference(tokens, rows, exact),
+                "check_rows({rows}, exact={exact}) with {tokens} tokens"
+            );
         }
     }
     for with_token_to_seq in [false, true] {
@@ -254,8 +384,12 @@ fuzz_target!(|data: &[u8]| {
         buf[short.len()..].iter().all(|&v| v == -1),
         "fill wrote past its layout"
     );
-    let mut with = vec![-1i64; full.len()];
+    let mut with = vec![-1i64; full.len() + 2];
     plan.fill(&mut with, true).expect("fill with token_to_seq");
+    assert!(
+        with[full.len()..].iter().all(|&v| v == -1),
+        "fill with token_to_seq wrote past its layout"
+    );
     assert_eq!(
         buf[..short.len()],
         with[..short.len()],

@@ -1,0 +1,292 @@
+//! Fuzz target for `RotationPlan::new` / `RotationPlan::fill` /
+//! `RotationPlan::check_rows`.
+//!
+//! The input bytes are decoded into `extend_lens` (one `i64` list, empty
+//! sometimes), biased towards the values that matter: short requests, one-token
+//! requests, zeros, negatives, `i64::MIN`/`MAX`, values around `MAX_TOKENS`,
+//! around the `MAX_PLAN_BYTES` bound, and totals that overflow `i64`. The
+//! bytes left over pick a row count and a cut.
+//!
+//! Every outcome is checked, and any panic is a bug in the core:
+//! * `RotationPlan::new` answers exactly what a small reference model answers:
+//!   the same counts for an accepted batch, the same error (every field of it)
+//!   for a rejected one;
+//! * an error's `request()` is a valid request index and its message names it
+//!   and its field;
+//! * `check_rows` accepts exactly `num_tokens` rows and otherwise returns
+//!   `TooFewRows` / `RowMismatch`;
+//! * an accepted plan passes `invariants::check_rotation_plan` (when it is
+//!   small enough to fill quickly), `fill` into a too-short buffer returns
+//!   `Err` and writes nothing, and `fill` leaves the values past its part alone.
+#![no_main]
+
+use flatgather_core::{invariants, Field, PlanError, RotationPlan, MAX_PLAN_BYTES, MAX_TOKENS};
+use libfuzzer_sys::fuzz_target;
+
+/// Plans with fewer tokens than this are filled and checked in full.
+const FILL_LIMIT: usize = 1 << 20;
+
+/// The most `int64` values a plan's buffers may hold.
+const MAX_PLAN_VALUES: i64 = (MAX_PLAN_BYTES / 8) as i64;
+
+/// Reads the input front to back; past its end every read is 0.
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.u8(), self.u8()])
+    }
+
+    fn u64(&mut self) -> u64 {
+        let mut b = [0u8; 8];
+        for x in &mut b {
+            *x = self.u8();
+        }
+        u64::from_le_bytes(b)
+    }
+
+    /// A list length: mostly 0..=64, sometimes up to a few thousand.
+    fn len(&mut self) -> usize {
+        let b = self.u8();
+        if b < 195 {
+            usize::from(b % 65)
+        } else {
+            64 + usize::from(self.u16() % 4032)
+        }
+    }
+
+    /// A length value, biased towards valid lengths but reaching every edge.
+    fn value(&mut self) -> i64 {
+        let sel = self.u8();
+        let b = i64::from(self.u8());
+        match sel % 20 {
+            0..=4 => 1 + b % 16,
+            5 | 6 => 1,
+            7 => 0,
+            8 => b,
+            9 => i64::from(self.u16()),
+            10 => -1 - b % 4,
+            11 => i64::MIN + b % 4,
+            12 => i64::MAX - b % 4,
+            13 => MAX_TOKENS - b % 4,
+            14 => MAX_TOKENS + b % 4,
+            15 => MAX_TOKENS / (1 + b % 8) + i64::from(self.u8() as i8 % 4),
+            16 => (1i64 << (b % 63)).wrapping_add(i64::from(self.u8() as i8 % 4)),
+            17 => -b,
+            // Around the size bound: half of it is one request's ids and
+            // embeds filling it exactly.
+            18 => MAX_PLAN_VALUES / (2 + b % 4) + i64::from(self.u8() as i8 % 8),
+            _ => self.u64() as i64,
+        }
+    }
+
+    /// A row count for a batch of `tokens` tokens: mostly near it.
+    fn rows(&mut self, tokens: i64) -> i64 {
+        let sel = self.u8();
+        match sel % 4 {
+            0 | 1 => tokens.wrapping_add(i64::from(self.u8() as i8)),
+            2 => i64::from(self.u16()),
+            _ => self.u64() as i64,
+        }
+    }
+}
+
+/// What `RotationPlan::new` must answer, written straight from the contract:
+/// the batch's token count, or the exact error.
+///
+/// Requests are checked in order; within one: a negative length, a zero
+/// length, a running total past `MAX_TOKENS`. After the loop, `ids` and
+/// `embeds` together (`2 * tokens` `int64` values) must fit in
+/// `MAX_PLAN_BYTES`. An empty batch is an empty rotation.
+fn reference(lens: &[i64]) -> Result<i128, PlanError> {
+    let mut tokens = 0i128;
+    for (request, &len) in lens.iter().enumerate() {
+        if len < 0 {
+            return Err(PlanError::Negative {
+                field: Field::ExtendLens,
+                request,
+                value: len,
+            });
+        }
+        if len == 0 {
+            return Err(PlanError::ZeroExtend {
+                field: Field::ExtendLens,
+                request,
+            });
+        }
+        tokens += i128::from(len);
+        if tokens > i128::from(MAX_TOKENS) {
+            return Err(PlanError::TooManyTokens {
+                field: Field::ExtendLens,
+                request,
+                extend: len,
+                // The total as an i64, saturated where it would pass i64::MAX.
+                total: tokens.min(i128::from(i64::MAX)) as i64,
+            });
+        }
+    }
+    let bytes = 8 * 2 * tokens;
+    if bytes > i128::from(MAX_PLAN_BYTES) {
+        return Err(PlanError::PlanTooLarge {
+            bytes: bytes as u64,
+        });
+    }
+    Ok(tokens)
+}
+
+/// What `check_rows(rows)` must answer for a batch of `tokens`: exactly
+/// `tokens` rows.
+fn rows_reference(tokens: i64, rows: i64) -> Result<(), PlanError> {
+    if rows < tokens {
+        Err(PlanError::TooFewRows { tokens, rows })
+    } else if rows != tokens {
+        Err(PlanError::RowMismatch { tokens, rows })
+    } else {
+        Ok(())
+    }
+}
+
+fn check_error(err: &PlanError, len: usize) {
+    let msg = err.to_string();
+    assert!(!msg.is_empty(), "{err:?}: empty message");
+    assert!(!err.kind().is_empty(), "{err:?}: empty kind");
+    if let Some(request) = err.request() {
+        assert!(request < len, "{err:?}: request {request} out of 0..{len}");
+        assert!(
+            msg.contains(&format!("request {request}")),
+            "{err:?}: message {msg:?} does not name request {request}"
+        );
+    }
+    let field = match err {
+        PlanError::Negative { field, .. }
+        | PlanError::ZeroExtend { field, .. }
+        | PlanError::TooManyTokens { field, .. }
+        | PlanError::NotAnInteger { field, .. } => Some(*field),
+        _ => None,
+    };
+    if let Some(field) = field {
+        assert!(
+            msg.contains(field.name()),
+            "{err:?}: message {msg:?} does not name {}",
+            field.name()
+        );
+    }
+}
+
+/// `fill` into `buf`, which must be too short.
+fn check_too_short(plan: &RotationPlan, buf: &mut [i64], with_embeds: bool) {
+    let needed = plan.buffer_len(with_embeds);
+    let got = buf.len();
+    match plan.fill(buf, with_embeds) {
+        Err(err @ PlanError::BufferTooSmall { .. }) => {
+            let want = PlanError::BufferTooSmall { needed, got };
+            assert_eq!(err, want, "fill into {got} values");
+            check_error(&err, plan.batch_size());
+        }
+        other => panic!("fill into {got} values (needs {needed}) gave {other:?}"),
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut bytes = Bytes(data);
+    let lens: Vec<i64> = (0..bytes.len()).map(|_| bytes.value()).collect();
+    let want = reference(&lens);
+    let plan = match RotationPlan::new(&lens) {
+        Err(err) => {
+            check_error(&err, lens.len());
+            assert_eq!(Err(&err), want.as_ref(), "RotationPlan::new({lens:?})");
+            return;
+        }
+        Ok(plan) => plan,
+    };
+    let tokens = match want {
+        Ok(tokens) => tokens,
+        Err(want) => panic!("RotationPlan::new({lens:?}) accepted, want {want:?}"),
+    };
+
+    // Counts and rows: cheap, so checked on every plan, however large.
+    assert_eq!(plan.batch_size(), lens.len(), "batch_size");
+    assert_eq!(plan.num_tokens() as i128, tokens, "num_tokens");
+    let n = plan.num_tokens();
+    assert_eq!(plan.buffer_len(false), n, "buffer_len(false)");
+    assert_eq!(plan.buffer_len(true), 2 * n, "buffer_len(true)");
+    assert!(
+        plan.buffer_len(true) as u64 * 8 <= MAX_PLAN_BYTES,
+        "an accepted plan over the bound"
+    );
+    let tokens = n as i64;
+    let picked = bytes.rows(tokens);
+    for rows in [
+        tokens,
+        tokens + 1,
+        tokens - 1,
+        0,
+        -1,
+        i64::MIN,
+        i64::MAX,
+        picked,
+    ] {
+        let got = plan.check_rows(rows);
+        if let Err(err) = &got {
+            check_error(err, lens.len());
+        }
+        assert_eq!(
+            got,
+            rows_reference(tokens, rows),
+            "check_rows({rows}) with {tokens} tokens"
+        );
+    }
+    for with_embeds in [false, true] {
+        if n == 0 {
+            assert_eq!(plan.fill(&mut [], with_embeds), Ok(()), "empty fill");
+        } else {
+            check_too_short(&plan, &mut [], with_embeds);
+        }
+    }
+    if n >= FILL_LIMIT {
+        return;
+    }
+
+    // Small enough to fill: the whole contract.
+    if let Err(msg) = invariants::check_rotation_plan(&plan, &lens) {
+        panic!("check_rotation_plan({lens:?}): {msg}");
+    }
+    let mut buf = vec![-1i64; 2 * n + 2];
+    for with_embeds in [false, true] {
+        let needed = plan.buffer_len(with_embeds);
+        if needed == 0 {
+            continue;
+        }
+        check_too_short(&plan, &mut buf[..needed - 1], with_embeds);
+        let cut = usize::from(bytes.u16()) % needed;
+        check_too_short(&plan, &mut buf[..cut], with_embeds);
+    }
+    // A failed fill writes nothing; a fill without embeds writes the same ids
+    // as with them, and neither writes past its part.
+    assert!(
+        buf.iter().all(|&v| v == -1),
+        "a failed fill wrote to the buffer"
+    );
+    plan.fill(&mut buf, false).expect("fill without embeds");
+    assert!(
+        buf[n..].iter().all(|&v| v == -1),
+        "fill without embeds wrote past ids"
+    );
+    let mut with = vec![-1i64; 2 * n + 2];
+    plan.fill(&mut with, true).expect("fill with embeds");
+    assert!(
+        with[2 * n..].iter().all(|&v| v == -1),
+        "fill with embeds wrote past embeds"
+    );
+    assert_eq!(buf[..n], with[..n], "the ids differ with embeds");
+});
