@@ -152,8 +152,9 @@ def test_installed_gives_the_draft_forward_what_the_release_gives(inputs):
     ours = draft_harness.run(worker, inputs, count=True)
     assert current() is not STOCK
     assert_same_as_stock(inputs, ours, stock)
-    if not inputs.idle:
-        # The gather ran (the release's loop has no index_select, a cat per request).
+    if not inputs.idle and len(inputs.lens) > 1:
+        # The gather ran (the release's loop has no index_select, a cat per
+        # request); a single request keeps the release's loop, as cheap.
         assert "index_select" in ours.ops and ours.ops.count("cat") == 1, ours.ops
 
 
@@ -215,6 +216,10 @@ def test_installed_op_count_does_not_grow_with_batch(batch):
     # The stock loop slices, concatenates and copies per request.
     assert stock.count("cat") == batch
     assert len(stock) >= 2 * batch
+    if batch == 1:
+        # One request keeps the release's loop: no more ops than stock.
+        assert ours == stock
+        return
     assert ours.count("cat") == 1 and ours.count("index_select") == 1
     assert len(ours) <= 4, ours
     with_mm = draft_harness.run(worker, make_inputs([3] * batch, mm_width=4), count=True).ops

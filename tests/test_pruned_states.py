@@ -8,6 +8,7 @@ them; fewer rows than tokens is a PlanError."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import flatgather.sglang
 import pytest
@@ -77,6 +78,23 @@ def test_installed_equals_stock(
     extend, start = batch
     h, b, aux = make_inputs(extend, seed, dtype, hidden, before_norm, aux_kind, layers, pad)
     compare(extend, start, h, b, aux, capture)
+
+
+@pytest.mark.matrix
+def test_sixty_random_padded_batches_are_bit_exact():
+    """As a server hands them over: 60 random batches, each with 1 to 64
+    padding rows full of NaN past its tokens, every aux kind and capture
+    mode, through ``_get_pruned_states`` and ``_get_hidden_states_to_store``."""
+    rng = random.Random(60)
+    for case in range(60):
+        size = rng.choice([1, 2, 5, 16, 64, 300])
+        extend = [rng.randint(1, 40) for _ in range(size)]
+        start = [rng.choice([0, e, rng.randint(0, e)]) for e in extend]
+        aux_kind = rng.choice(AUX_KINDS)
+        h, b, aux = make_inputs(
+            extend, case, torch.bfloat16, 8, rng.random() < 0.5, aux_kind, 3, rng.randint(1, 64)
+        )
+        compare(extend, start, h, b, aux, rng.choice(list(CAPTURE_MODES)))
 
 
 def test_seed_example_through_sglang():

@@ -174,7 +174,9 @@ def rotate(src, lens, tails, dst, mm, mm_dst, pt) -> int | None:
         plan = RotationPlan(values, src.shape[0])
     except Exception:  # zero, negative or non-integer lengths, a wrong total: the release's loop
         return None
-    if plan.batch_size == 0 or tails.shape[0] != plan.batch_size:
+    if plan.batch_size < 2 or tails.shape[0] != plan.batch_size:
+        # One request: the release's loop is a slice, a cat and a copy, which
+        # the plan, its copy and the gather cannot beat.
         return None
     n = plan.num_tokens
     with_mm = mm is not None
@@ -520,7 +522,7 @@ def _add_no_logprob(tree: ast.FunctionDef) -> bool | str:
 # (extend lengths, index of the chunked request or None, rows past the tokens,
 # whether the gather must apply): the last two go to the release's loop.
 _CASES = (
-    ([5], None, 0, True),  # one request
+    ([5], None, 0, False),  # one request: the release's loop is as cheap
     ([1, 1, 1], None, 0, True),  # lengths of one: nothing but the tails
     ([3, 1, 4, 2], None, 0, True),
     ([3, 4, 2], 1, 0, True),  # a chunked request: its tail is its next prompt token

@@ -120,6 +120,17 @@ def _check_rows(name: str, tensor: torch.Tensor, tokens: int) -> None:
         )
 
 
+def _lazy_pays(logits_metadata, plan) -> bool:
+    """Whether gathering the aux layers lazily saves work: always under NULL
+    capture (nothing is read), under LAST when the batch keeps more rows than
+    it samples (else the lazy gather costs one index_select more), never
+    under FULL (every kept row is read)."""
+    mode = logits_metadata.capture_hidden_mode
+    if mode.is_full():
+        return False
+    return plan.num_pruned > plan.batch_size if mode.need_capture() else True
+
+
 def _gather_aux(aux, index: torch.Tensor):
     if isinstance(aux, torch.Tensor):
         return aux.index_select(0, index)
@@ -322,11 +333,7 @@ def make_pruned_states(
         )
         if aux_hidden_states is None:
             aux_pruned_states = None
-        elif (
-            gate is not None
-            and gate.current()
-            and not logits_metadata.capture_hidden_mode.is_full()
-        ):
+        elif gate is not None and gate.current() and _lazy_pays(logits_metadata, plan):
             aux_pruned_states = LazyAuxPruned(aux_hidden_states, gather, sample_indices)
         else:
             aux_pruned_states = _gather_aux(aux_hidden_states, gather)

@@ -1,0 +1,102 @@
+"""The probe across the release table: python benches/probe_times.py [RUNS]
+
+For every release set up by .ci/setup (.sglang/<release>), a fresh child
+interpreter imports it, then runs ``flatgather.sglang.install()`` /
+``uninstall()`` RUNS times (default 7) and reports: the contract the probe
+found and whether it is the table's row, the probe cases compared, the probe
+time (median and max of the runs; the first includes torch's warm-up), and
+what the draft worker's rewrite applied and how long ``prepare`` took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = textwrap.dedent(
+    """
+    import json, statistics, sys, time
+    runs = int(sys.argv[1])
+    import flatgather.sglang as fs
+    from flatgather.sglang import draft_prefill, releases
+    from flatgather.sglang.standins import install_sgl_kernel_stand_in
+    import sglang.srt.layers.logits_processor  # noqa: F401  (imported before timing)
+    seconds, report = [], None
+    for _ in range(runs):
+        fs.uninstall()
+        report = fs.install()
+        seconds.append(report.probe_seconds)
+    install_sgl_kernel_stand_in()
+    import sglang.srt.speculative.eagle_worker_v2 as worker
+    started = time.perf_counter()
+    draft = draft_prefill.prepare(worker)
+    prepare_s = time.perf_counter() - started
+    row = releases.by_version(report.release)
+    c = report.contract
+    print(json.dumps({
+        "release": report.release,
+        "table_row_true": bool(row) and (
+            c.trailing_token_to_seq, c.packed_aux, c.writes_cpu_indices, c.prunes_aux
+        ) == (row.trailing_token_to_seq, row.packed_aux, row.writes_cpu_indices, row.prunes_aux),
+        "lazy_aux": report.lazy_aux,
+        "cases": fs._state.verdict.cases,
+        "probe_ms_median": statistics.median(seconds[1:] or seconds) * 1e3,
+        "probe_ms_max": max(seconds) * 1e3,
+        "backports": list(report.backports) + list(draft.backports),
+        "draft_applied": list(draft.applied),
+        "draft_notes": list(draft.notes),
+        "draft_prepare_ms": prepare_s * 1e3,
+        "notes": list(report.notes),
+    }))
+    """
+)
+
+
+def main() -> int:
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+    sys.path.insert(0, str(ROOT / "python" / "flatgather" / "sglang"))
+    import releases  # the table, as a plain module: no flatgather import here
+
+    print(
+        "| SGLang | table row true | lazy aux | cases | probe ms (median / max) "
+        "| draft rewrite | prepare ms | backports |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for row in releases.RELEASES:
+        site = ROOT / ".sglang" / row.version
+        if not (site / ".complete").is_file():
+            print(f"| {row.version} | not set up (.ci/setup) | | | | | | |")
+            continue
+        env = {**os.environ, "PYTHONPATH": str(site)}
+        env.pop("FLATGATHER_SGLANG", None)
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(runs)],
+            env=env,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if out.returncode != 0:
+            print(f"| {row.version} | FAILED: {out.stderr.strip().splitlines()[-1]} | | | | | | |")
+            continue
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        draft = ", ".join(r["draft_applied"]) or "; ".join(r["draft_notes"]) or "none"
+        print(
+            f"| {r['release']} | {'yes' if r['table_row_true'] else 'NO'} "
+            f"| {'on' if r['lazy_aux'] else 'off'} | {r['cases']} "
+            f"| {r['probe_ms_median']:.1f} / {r['probe_ms_max']:.1f} | {draft} "
+            f"| {r['draft_prepare_ms']:.0f} | {', '.join(r['backports']) or 'none'} |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
