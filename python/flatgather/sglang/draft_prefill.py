@@ -141,6 +141,11 @@ def rotate(src, lens, tails, dst, mm, mm_dst, pt) -> int | None:
     """
     if type(pt) is not int or pt != 0:
         return None
+    if isinstance(lens, (list, tuple)) and len(lens) < 2:
+        # One request: the release's loop is a slice, a cat and a copy, which
+        # the plan, its copy and the gather cannot beat. Decided first, so
+        # that handing it back costs next to nothing.
+        return None
     if not (
         isinstance(src, torch.Tensor)
         and isinstance(tails, torch.Tensor)
@@ -175,9 +180,7 @@ def rotate(src, lens, tails, dst, mm, mm_dst, pt) -> int | None:
     except Exception:  # zero, negative or non-integer lengths, a wrong total: the release's loop
         return None
     if plan.batch_size < 2 or tails.shape[0] != plan.batch_size:
-        # One request: the release's loop is a slice, a cat and a copy, which
-        # the plan, its copy and the gather cannot beat.
-        return None
+        return None  # one request (lengths in a tensor), or a tail per request missing
     n = plan.num_tokens
     with_mm = mm is not None
     index = stage(plan.buffer_len(with_mm), lambda out: plan.fill(out, with_mm), device)
