@@ -1,0 +1,78 @@
+"""The rotation alone: python benches/rotation_block.py [ROUNDS]
+
+The release's own block of ``_draft_extend_for_prefill`` (its statements up
+to and including the one holding the rotation loop: the tail tokens and the
+loop) against the same block rewritten by flatgather, compiled exactly as
+``install()`` verifies them, on the CPU with one torch thread, samples
+interleaved round by round. Both blocks run the release's own tail tokens
+(``_eagle_prefill_tail_tokens``, where it has one), timed alone in the same
+rounds: the loop's own cost is a block's minus that. SGLang on PYTHONPATH (an
+absolute path); prints medians per call and the ratios, per batch size.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import sys
+import time
+
+
+def main() -> int:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    import torch
+
+    torch.set_num_threads(1)
+    import sglang.srt.layers.logits_processor  # noqa: F401  (before the stand-in)
+    from flatgather.sglang import draft_prefill as dp
+    from flatgather.sglang import source
+    from flatgather.sglang.standins import install_sgl_kernel_stand_in
+
+    install_sgl_kernel_stand_in()
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative import eagle_worker_v2 as worker
+
+    method = source.parse_method(worker.EagleDraftWorker, dp.METHOD)
+    tree = copy.deepcopy(method.tree)
+    loop = dp._find_loop(method, tree)
+    k = dp._top_index(tree, loop.node)
+    branch = dp._replace_loop(tree, loop, "flatgather_rotate", "flatgather_end")
+    stock = dp._block_function(method, method.tree.body[: k + 1], {})
+    ours = dp._block_function(
+        method, tree.body[: dp._top_index(tree, branch) + 1], {"flatgather_rotate": dp.rotate}
+    )
+    params = [a.arg for a in (*method.tree.args.posonlyargs, *method.tree.args.args)]
+    from flatgather.sglang.releases import sglang_release
+
+    tail_tokens = getattr(worker, "_eagle_prefill_tail_tokens", None)
+    print(f"SGLang {sglang_release()}, {rounds} interleaved rounds, 1 torch thread")
+    print(
+        "   B  tokens  block stock   block fg     tails  block stock/fg  loop stock/fg"
+    )
+    for b in (1, 8, 64, 256, 1024):
+        lens = [16] * b
+        times = {"stock": [], "fg": [], "tails": []}
+        order = [("stock", stock), ("fg", ours), ("tails", None)]
+        for r in range(rounds):
+            for name, fn in order[r % 3 :] + order[: r % 3]:
+                batch, tails, _, _ = dp._probe_inputs(
+                    lens, None, 0, ForwardMode.EXTEND, False, (torch.int64, torch.int64), r
+                )
+                args = dict.fromkeys(params)
+                args.update(self=None, batch=batch, next_token_ids=tails)
+                started = time.perf_counter()
+                if fn is not None:
+                    fn(*args.values())
+                elif tail_tokens is not None:
+                    tail_tokens(batch, tails)
+                times[name].append(time.perf_counter() - started)
+        s, f, t = (statistics.median(times[n]) for n in ("stock", "fg", "tails"))
+        print(
+            f"{b:4d} {sum(lens):7d} {s * 1e6:9.1f} µs {f * 1e6:7.1f} µs {t * 1e6:6.1f} µs"
+            f" {s / f:13.1f}x {(s - t) / (f - t):13.1f}x"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
