@@ -46,9 +46,7 @@ def main() -> int:
 
     tail_tokens = getattr(worker, "_eagle_prefill_tail_tokens", None)
     print(f"SGLang {sglang_release()}, {rounds} interleaved rounds, 1 torch thread")
-    print(
-        "   B  tokens  block stock   block fg     tails  block stock/fg  loop stock/fg"
-    )
+    print("   B  tokens  block stock   block fg     tails  block stock/fg  loop stock/fg")
     for b in (1, 8, 64, 256, 1024):
         lens = [16] * b
         times = {"stock": [], "fg": [], "tails": []}
