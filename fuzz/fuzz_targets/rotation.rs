@@ -26,80 +26,15 @@ use libfuzzer_sys::fuzz_target;
 /// Plans with fewer tokens than this are filled and checked in full.
 const FILL_LIMIT: usize = 1 << 20;
 
-/// The most `int64` values a plan's buffers may hold.
-const MAX_PLAN_VALUES: i64 = (MAX_PLAN_BYTES / 8) as i64;
+mod bytes;
 
-/// Reads the input front to back; past its end every read is 0.
-struct Bytes<'a>(&'a [u8]);
+use bytes::{Bytes, Skew};
 
-impl Bytes<'_> {
-    fn u8(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((&b, rest)) => {
-                self.0 = rest;
-                b
-            }
-            None => 0,
-        }
-    }
-
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes([self.u8(), self.u8()])
-    }
-
-    fn u64(&mut self) -> u64 {
-        let mut b = [0u8; 8];
-        for x in &mut b {
-            *x = self.u8();
-        }
-        u64::from_le_bytes(b)
-    }
-
-    /// A list length: mostly 0..=64, sometimes up to a few thousand.
-    fn len(&mut self) -> usize {
-        let b = self.u8();
-        if b < 195 {
-            usize::from(b % 65)
-        } else {
-            64 + usize::from(self.u16() % 4032)
-        }
-    }
-
-    /// A length value, biased towards valid lengths but reaching every edge.
-    fn value(&mut self) -> i64 {
-        let sel = self.u8();
-        let b = i64::from(self.u8());
-        match sel % 20 {
-            0..=4 => 1 + b % 16,
-            5 | 6 => 1,
-            7 => 0,
-            8 => b,
-            9 => i64::from(self.u16()),
-            10 => -1 - b % 4,
-            11 => i64::MIN + b % 4,
-            12 => i64::MAX - b % 4,
-            13 => MAX_TOKENS - b % 4,
-            14 => MAX_TOKENS + b % 4,
-            15 => MAX_TOKENS / (1 + b % 8) + i64::from(self.u8() as i8 % 4),
-            16 => (1i64 << (b % 63)).wrapping_add(i64::from(self.u8() as i8 % 4)),
-            17 => -b,
-            // Around the size bound: half of it is one request's ids and
-            // embeds filling it exactly.
-            18 => MAX_PLAN_VALUES / (2 + b % 4) + i64::from(self.u8() as i8 % 8),
-            _ => self.u64() as i64,
-        }
-    }
-
-    /// A row count for a batch of `tokens` tokens: mostly near it.
-    fn rows(&mut self, tokens: i64) -> i64 {
-        let sel = self.u8();
-        match sel % 4 {
-            0 | 1 => tokens.wrapping_add(i64::from(self.u8() as i8)),
-            2 => i64::from(self.u16()),
-            _ => self.u64() as i64,
-        }
-    }
-}
+/// How this target's length values are skewed.
+const SKEW: Skew = Skew {
+    ones: true,
+    share: 2,
+};
 
 /// What `RotationPlan::new` must answer, written straight from the contract:
 /// the batch's token count, or the exact error.
@@ -199,7 +134,7 @@ fn check_too_short(plan: &RotationPlan, buf: &mut [i64], with_embeds: bool) {
 
 fuzz_target!(|data: &[u8]| {
     let mut bytes = Bytes(data);
-    let lens: Vec<i64> = (0..bytes.len()).map(|_| bytes.value()).collect();
+    let lens: Vec<i64> = (0..bytes.len()).map(|_| bytes.value(&SKEW)).collect();
     let want = reference(&lens);
     let plan = match RotationPlan::new(&lens) {
         Err(err) => {
