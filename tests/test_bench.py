@@ -219,7 +219,9 @@ def test_the_sections_run_and_report_reads_the_json_back(tiny, tmp_path, capsys)
     code, out, err = bench(capsys, "--json", str(path), "--max-other-load", "1000")
     assert code == 0, err
     assert "torch threads 1 (pinned, --threads)" in out
-    assert "busy machine" not in out  # the threshold is out of reach
+    # The threshold is out of reach, so nothing blames other processes or the
+    # load average (hypervisor steal, a "busy host", is outside its reach).
+    assert "WARNING: busy machine:" not in out
     for name in IN_PROCESS:
         assert f"== {name}" in out
     assert "[3/" in err  # progress on stderr
