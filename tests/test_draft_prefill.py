@@ -349,6 +349,40 @@ def test_a_loop_not_in_the_expected_shape_is_left_stock(edit, why, tmp_path):
 
 
 @pytest.mark.matrix
+def test_a_source_file_edited_after_import_is_left_stock(tmp_path):
+    """The file on disk no longer compiles to the code that runs: nothing
+    is rewritten from it."""
+    module = module_with(_unchanged, tmp_path)
+    path = Path(module.__file__)
+    tree = ast.parse(path.read_text())
+    # The last class of the name is the one the module binds.
+    cls = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EagleDraftWorker"][-1]
+    _change_a_constant(cls.body[0])
+    path.write_text(ast.unparse(tree) + "\n# edited after import\n")
+    result = draft_prefill.prepare(module)
+    assert result.patches == [] and result.applied == ()
+    (note,) = result.notes
+    assert "does not compile to the code that runs" in note, note
+
+
+@pytest.mark.matrix
+def test_imports_inside_other_functions_do_not_disturb_the_check(tmp_path):
+    """Only the module's own imports are compiled along with the method: a
+    function elsewhere in the file that imports a name locally (the release's
+    modules have many) changes nothing."""
+    module = module_with(_unchanged, tmp_path)
+    path = Path(module.__file__)
+    text = path.read_text()
+    helper = "def flatgather_test_helper():\n    import torch\n    return torch\n\n\n"
+    path.write_text(helper + text)
+    spec = importlib.util.spec_from_file_location(module.__name__ + "_helper", path)
+    edited = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(edited)
+    result = draft_prefill.prepare(edited)
+    assert draft_prefill.ROTATION in result.applied, result.notes
+
+
+@pytest.mark.matrix
 def test_a_gather_that_differs_from_the_release_is_caught_before_patching():
     real = draft_prefill.rotate
 

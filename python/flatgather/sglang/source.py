@@ -85,8 +85,22 @@ def _compile(module: ast.Module, function: types.FunctionType) -> types.CodeType
     return compile(module, function.__code__.co_filename, "exec", flags=flags, dont_inherit=True)
 
 
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
 def _binds_imports(stmt: ast.stmt) -> bool:
-    return any(isinstance(node, (ast.Import, ast.ImportFrom)) for node in ast.walk(stmt))
+    """Whether ``stmt`` imports a name into the module's namespace: an
+    import at the top, or inside an ``if`` / ``try`` there. An import inside
+    a function or class binds a name of that scope only, so those bodies are
+    not searched (nor compiled along with the method: they can be large)."""
+    todo = [stmt]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            return True
+        if not isinstance(node, _SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+    return False
 
 
 def parse_method(owner: type, name: str) -> Method:
