@@ -183,7 +183,8 @@ class LazyGate:
     def leave(self) -> None:
         with self._cond:
             self._inflight -= 1
-            if self._inflight == 0:
+            # Only close() waits, and it shuts the gate first.
+            if self._inflight == 0 and not self._open:
                 self._cond.notify_all()
 
     def current(self) -> bool:
