@@ -26,8 +26,10 @@ use libfuzzer_sys::fuzz_target;
 const FILL_LIMIT: usize = 1 << 20;
 
 mod bytes;
+mod checks;
 
 use bytes::{Bytes, Skew};
+use checks::{check_error, rows_reference};
 
 /// How this target's length values are skewed.
 const SKEW: Skew = Skew {
@@ -157,44 +159,6 @@ fn reference(extend: &[i64], start: &[i64]) -> Result<Counts, PlanError> {
         kept,
         logprob,
     })
-}
-
-/// What `check_rows(rows, exact)` must answer for a batch of `tokens`.
-fn rows_reference(tokens: i64, rows: i64, exact: bool) -> Result<(), PlanError> {
-    if rows < tokens {
-        Err(PlanError::TooFewRows { tokens, rows })
-    } else if exact && rows != tokens {
-        Err(PlanError::RowMismatch { tokens, rows })
-    } else {
-        Ok(())
-    }
-}
-
-fn check_error(err: &PlanError, len: usize) {
-    let msg = err.to_string();
-    assert!(!msg.is_empty(), "{err:?}: empty message");
-    assert!(!err.kind().is_empty(), "{err:?}: empty kind");
-    if let Some(request) = err.request() {
-        assert!(request < len, "{err:?}: request {request} out of 0..{len}");
-        assert!(
-            msg.contains(&format!("request {request}")),
-            "{err:?}: message {msg:?} does not name request {request}"
-        );
-    }
-    let field = match err {
-        PlanError::Negative { field, .. }
-        | PlanError::ZeroExtend { field, .. }
-        | PlanError::TooManyTokens { field, .. }
-        | PlanError::NotAnInteger { field, .. } => Some(*field),
-        _ => None,
-    };
-    if let Some(field) = field {
-        assert!(
-            msg.contains(field.name()),
-            "{err:?}: message {msg:?} does not name {}",
-            field.name()
-        );
-    }
 }
 
 /// `fill` into `buf`, which must be too short.
