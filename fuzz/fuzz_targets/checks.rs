@@ -1,6 +1,54 @@
 //! Checks both fuzz targets make of an outcome, whichever plan produced it.
 
-use flatgather_core::PlanError;
+use flatgather_core::{Field, PlanError, MAX_PLAN_BYTES, MAX_TOKENS};
+
+/// The reference rule for any value of a length list: not negative.
+pub fn reference_nonnegative(field: Field, request: usize, value: i64) -> Result<(), PlanError> {
+    if value < 0 {
+        return Err(PlanError::Negative {
+            field,
+            request,
+            value,
+        });
+    }
+    Ok(())
+}
+
+/// The reference rules for a request's token count, added to the running
+/// `tokens`: not zero, and the total no more than `MAX_TOKENS`.
+pub fn reference_count(
+    field: Field,
+    request: usize,
+    len: i64,
+    tokens: &mut i128,
+) -> Result<(), PlanError> {
+    if len == 0 {
+        return Err(PlanError::ZeroExtend { field, request });
+    }
+    *tokens += i128::from(len);
+    if *tokens > i128::from(MAX_TOKENS) {
+        return Err(PlanError::TooManyTokens {
+            field,
+            request,
+            extend: len,
+            // The total as an i64, saturated where it would pass i64::MAX.
+            total: (*tokens).min(i128::from(i64::MAX)) as i64,
+        });
+    }
+    Ok(())
+}
+
+/// The reference size bound: a plan of `values` `int64` values must fit in
+/// `MAX_PLAN_BYTES`.
+pub fn reference_size(values: i128) -> Result<(), PlanError> {
+    let bytes = 8 * values;
+    if bytes > i128::from(MAX_PLAN_BYTES) {
+        return Err(PlanError::PlanTooLarge {
+            bytes: bytes as u64,
+        });
+    }
+    Ok(())
+}
 
 /// What `check_rows` must answer for a batch of `tokens` given `rows`: at
 /// least `tokens` rows, and exactly that many when `exact`.

@@ -19,7 +19,7 @@
 //!   to fill quickly), and `fill` into a too-short buffer returns `Err`.
 #![no_main]
 
-use flatgather_core::{invariants, Field, PlanError, PrunePlan, MAX_PLAN_BYTES, MAX_TOKENS};
+use flatgather_core::{invariants, Field, PlanError, PrunePlan, MAX_PLAN_BYTES};
 use libfuzzer_sys::fuzz_target;
 
 /// Plans with fewer tokens than this are filled and checked in full.
@@ -29,7 +29,7 @@ mod bytes;
 mod checks;
 
 use bytes::{Bytes, Skew};
-use checks::{check_error, rows_reference};
+use checks::{check_error, reference_count, reference_nonnegative, reference_size, rows_reference};
 
 /// How this target's length values are skewed.
 const SKEW: Skew = Skew {
@@ -101,36 +101,9 @@ fn reference(extend: &[i64], start: &[i64]) -> Result<Counts, PlanError> {
     }
     let (mut tokens, mut kept, mut logprob) = (0i128, 0i128, 0i128);
     for (request, (&e, &s)) in extend.iter().zip(start).enumerate() {
-        if e < 0 {
-            return Err(PlanError::Negative {
-                field: Field::ExtendSeqLens,
-                request,
-                value: e,
-            });
-        }
-        if s < 0 {
-            return Err(PlanError::Negative {
-                field: Field::ExtendLogprobStartLens,
-                request,
-                value: s,
-            });
-        }
-        if e == 0 {
-            return Err(PlanError::ZeroExtend {
-                field: Field::ExtendSeqLens,
-                request,
-            });
-        }
-        tokens += i128::from(e);
-        if tokens > i128::from(MAX_TOKENS) {
-            return Err(PlanError::TooManyTokens {
-                field: Field::ExtendSeqLens,
-                request,
-                extend: e,
-                // The total as an i64, saturated where it would pass i64::MAX.
-                total: tokens.min(i128::from(i64::MAX)) as i64,
-            });
-        }
+        reference_nonnegative(Field::ExtendSeqLens, request, e)?;
+        reference_nonnegative(Field::ExtendLogprobStartLens, request, s)?;
+        reference_count(Field::ExtendSeqLens, request, e, &mut tokens)?;
         if s > e {
             return Err(PlanError::StartPastExtend {
                 request,
@@ -147,13 +120,7 @@ fn reference(extend: &[i64], start: &[i64]) -> Result<Counts, PlanError> {
             logprob += i128::from(e - s);
         }
     }
-    let values = 2 * kept + extend.len() as i128 + logprob;
-    let bytes = 8 * values;
-    if bytes > i128::from(MAX_PLAN_BYTES) {
-        return Err(PlanError::PlanTooLarge {
-            bytes: bytes as u64,
-        });
-    }
+    reference_size(2 * kept + extend.len() as i128 + logprob)?;
     Ok(Counts {
         tokens,
         kept,

@@ -20,7 +20,7 @@
 //!   `Err` and writes nothing, and `fill` leaves the values past its part alone.
 #![no_main]
 
-use flatgather_core::{invariants, Field, PlanError, RotationPlan, MAX_PLAN_BYTES, MAX_TOKENS};
+use flatgather_core::{invariants, Field, PlanError, RotationPlan, MAX_PLAN_BYTES};
 use libfuzzer_sys::fuzz_target;
 
 /// Plans with fewer tokens than this are filled and checked in full.
@@ -30,7 +30,7 @@ mod bytes;
 mod checks;
 
 use bytes::{Bytes, Skew};
-use checks::{check_error, rows_reference};
+use checks::{check_error, reference_count, reference_nonnegative, reference_size, rows_reference};
 
 /// How this target's length values are skewed.
 const SKEW: Skew = Skew {
@@ -48,36 +48,10 @@ const SKEW: Skew = Skew {
 fn reference(lens: &[i64]) -> Result<i128, PlanError> {
     let mut tokens = 0i128;
     for (request, &len) in lens.iter().enumerate() {
-        if len < 0 {
-            return Err(PlanError::Negative {
-                field: Field::ExtendLens,
-                request,
-                value: len,
-            });
-        }
-        if len == 0 {
-            return Err(PlanError::ZeroExtend {
-                field: Field::ExtendLens,
-                request,
-            });
-        }
-        tokens += i128::from(len);
-        if tokens > i128::from(MAX_TOKENS) {
-            return Err(PlanError::TooManyTokens {
-                field: Field::ExtendLens,
-                request,
-                extend: len,
-                // The total as an i64, saturated where it would pass i64::MAX.
-                total: tokens.min(i128::from(i64::MAX)) as i64,
-            });
-        }
+        reference_nonnegative(Field::ExtendLens, request, len)?;
+        reference_count(Field::ExtendLens, request, len, &mut tokens)?;
     }
-    let bytes = 8 * 2 * tokens;
-    if bytes > i128::from(MAX_PLAN_BYTES) {
-        return Err(PlanError::PlanTooLarge {
-            bytes: bytes as u64,
-        });
-    }
+    reference_size(2 * tokens)?;
     Ok(tokens)
 }
 
