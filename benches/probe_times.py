@@ -5,7 +5,9 @@ interpreter imports it, then runs ``flatgather.sglang.install()`` /
 ``uninstall()`` RUNS times (default 7) and reports: the contract the probe
 found and whether it is the table's row, the probe cases compared, the probe
 time (median and max of the runs; the first includes torch's warm-up), and
-what the draft worker's rewrite applied and how long ``prepare`` took.
+what the draft worker's rewrite applied and how long ``prepare`` took (timed
+once, on the release's own method, before the installs, which apply the same
+patch).
 """
 
 from __future__ import annotations
@@ -56,9 +58,6 @@ CHILD = textwrap.dedent(
     }))
     """
 )
-
-# For the record: install() itself applies the same draft patch (and its
-# notes land in the report); prepare() is timed once, on the stock method.
 
 
 def main() -> int:

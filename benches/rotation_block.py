@@ -37,10 +37,7 @@ def main() -> int:
     loop = dp._find_loop(method, tree)
     k = dp._top_index(tree, loop.node)
     branch = dp._replace_loop(tree, loop, "flatgather_rotate", "flatgather_end")
-    stock = dp._block_function(method, method.tree.body[: k + 1], {})
-    ours = dp._block_function(
-        method, tree.body[: dp._top_index(tree, branch) + 1], {"flatgather_rotate": dp.rotate}
-    )
+    stock, ours = dp._blocks(method, tree, k, branch, {"flatgather_rotate": dp.rotate})
     params = [a.arg for a in (*method.tree.args.posonlyargs, *method.tree.args.args)]
     from flatgather.sglang.releases import sglang_release
 

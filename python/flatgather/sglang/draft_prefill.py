@@ -613,6 +613,15 @@ def _block_function(method: source.Method, body: list[ast.stmt], closure: dict):
     return types.FunctionType(make, function.__globals__)(*closure.values())
 
 
+def _blocks(method: source.Method, rewritten: ast.FunctionDef, k: int, branch, closure: dict):
+    """The release's block (its statements up to the ``k``-th, which holds
+    the loop) and the rewritten one (up to ``branch``, the call of the gather
+    and its fallback), each compiled by :func:`_block_function`."""
+    stock = _block_function(method, method.tree.body[: k + 1], {})
+    ours = _block_function(method, rewritten.body[: _top_index(rewritten, branch) + 1], closure)
+    return stock, ours
+
+
 def _probe_inputs(lens, chunked, pad, mode, with_mm, dtypes, seed):
     gen = torch.Generator().manual_seed(seed)
     rows = sum(lens) + pad
@@ -672,10 +681,7 @@ def _verify(
     if not {"batch", "next_token_ids"} <= set(params):
         return f"the method's parameters {params} lack batch or next_token_ids"
     counting = _Counting()
-    stock = _block_function(method, tree.body[: k + 1], {})
-    ours = _block_function(
-        method, rewritten.body[: _top_index(rewritten, branch) + 1], {helper: counting}
-    )
+    stock, ours = _blocks(method, rewritten, k, branch, {helper: counting})
     live = {
         n.id
         for stmt in tree.body[k + 1 :]
