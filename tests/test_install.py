@@ -159,8 +159,31 @@ def test_lazy_aux_stays_off_when_the_release_forward_uses_the_aux_result_elsewhe
         stored = self._get_hidden_states_to_store(aux_pruned)
         return stored, aux_pruned  # read a second time: a lazy object would leak
 
-    assert "2 times" in probe.aux_flow_problem(forward) or probe.aux_flow_problem(forward)
+    assert probe.aux_flow_problem(forward) == (
+        "forward uses aux_pruned 3 times, not once stored and once passed on"
+    )
     assert probe.aux_flow_problem(STOCK_FORWARD) is None
+
+
+@pytest.mark.matrix
+def test_full_capture_stays_eager_where_the_release_full_store_reads_the_pruned_aux(monkeypatch):
+    """A release whose FULL store touches ``aux_pruned_states`` (here: only
+    asks for its length) must keep every kept aux row gathered under FULL."""
+    reads = []
+
+    @functools.wraps(STOCK_HIDDEN_TO_STORE)
+    def reading(self, hidden, before, aux, pruned, pruned_before, aux_pruned, sample, md):
+        if md.capture_hidden_mode.is_full() and aux_pruned is not None:
+            reads.append(len(aux_pruned) if isinstance(aux_pruned, list) else aux_pruned.shape)
+        return STOCK_HIDDEN_TO_STORE(
+            self, hidden, before, aux, pruned, pruned_before, aux_pruned, sample, md
+        )
+
+    monkeypatch.setattr(LogitsProcessor, "_get_hidden_states_to_store", reading)
+    report = fs.install()
+    assert report.lazy_aux and not report.lazy_full
+    assert any("FULL store reads the pruned aux layers" in note for note in report.notes)
+    assert reads  # the probe ran it on real pruned layers after the sentinel failed
 
 
 def test_detected_release_is_the_one_on_sys_path():

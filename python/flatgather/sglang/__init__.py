@@ -79,6 +79,9 @@ class InstallReport:
     """``"probe and test matrix"`` for a release of the table, else ``"probe"``."""
     lazy_aux: bool = False
     """Lazy aux pruning is on (asked for and verified)."""
+    lazy_full: bool = False
+    """Under FULL capture no aux row is gathered (verified: the release's
+    FULL store reads none)."""
     backports: tuple[str, ...] = ()
     """Fixes of SGLang PR #21589 applied so far."""
     notes: tuple[str, ...] = ()
@@ -105,6 +108,7 @@ class _Installed:
             contract=self.verdict.contract,
             verified_by="probe and test matrix" if in_table else "probe",
             lazy_aux=self.gate is not None,
+            lazy_full=self.gate is not None and self.verdict.lazy_full,
             backports=tuple(self.backports),
             notes=tuple(self.notes),
             probe_seconds=self.verdict.seconds,
@@ -122,7 +126,9 @@ def _logits_processor_patches(module, verdict: Verdict, gate: LazyGate | None) -
         Patch(
             cls,
             "_get_pruned_states",
-            make_pruned_states(raw["_get_pruned_states"], verdict.contract, gate),
+            make_pruned_states(
+                raw["_get_pruned_states"], verdict.contract, gate, lazy_full=verdict.lazy_full
+            ),
         )
     ]
     if gate is not None:
@@ -215,6 +221,8 @@ def install(force: bool = False, lazy_aux: bool = True) -> InstallReport:
         state.notes.extend(_table_notes(release, verdict.contract))
         if lazy_aux and not verdict.lazy_aux:
             state.notes.append(f"lazy aux pruning left off: {verdict.lazy_aux_note}")
+        elif lazy_aux and not verdict.lazy_full:
+            state.notes.append(f"FULL capture gathers every kept aux row: {verdict.lazy_full_note}")
         if verdict.pin_neutralised:
             state.notes.append(
                 "this host has no CUDA and the release's _get_pruned_states pins memory "

@@ -23,9 +23,14 @@ It also checks, on the same batches, that:
   as in the release (flatgather takes over the logprob branch alone);
 * lazy aux pruning stores, through the release's own
   ``_get_hidden_states_to_store``, exactly what the release stores, under
-  NULL, LAST and FULL capture; and that in the release's ``forward`` the aux
+  NULL, LAST and FULL capture (with and without before-norm states, and on a
+  batch of 32 requests); and that in the release's ``forward`` the aux
   result flows into ``_get_hidden_states_to_store`` and nowhere else (read
-  off its bytecode). If either fails, lazy aux pruning stays off.
+  off its bytecode). If either fails, lazy aux pruning stays off;
+* under FULL capture the release's store reads no pruned aux row: it is
+  handed a :class:`~flatgather.sglang.pruned_states.LazyAuxPruned`, which
+  fails on any use, and must store what it stores from the full result.
+  Only then does FULL capture gather no aux row.
 
 Some releases cannot run their own function on a machine without CUDA
 (0.5.12 pins its index tensors unconditionally). On such a host the probe
@@ -84,6 +89,11 @@ class Verdict:
     """Lazy aux pruning was verified against this release."""
     lazy_aux_note: str
     """Why lazy aux pruning stays off, when it does."""
+    lazy_full: bool
+    """Under FULL capture the release's store reads no pruned aux row, so
+    lazy aux pruning gathers none (verified with a sentinel)."""
+    lazy_full_note: str
+    """Why FULL capture still gathers every kept aux row, when it does."""
     cases: int
     """Calls compared, the release's own against flatgather's."""
     seconds: float
@@ -345,33 +355,62 @@ def aux_flow_problem(forward) -> str | None:
     return None
 
 
-def _check_lazy(release: _Release, contract: Contract) -> str | None:
+def _lazy_store(gate, pruned_states, store, h, b, aux, md):
+    """What ``store`` stores from ``pruned_states``'s result, both run as
+    inside a patched ``forward``."""
+    with lazy_scope(gate):
+        result = pruned_states(None, h, b, aux, md)
+        return _outcome(store, None, h, b, aux, *result[:4], md)
+
+
+# The lazy check's batches: the seed batch, and 32 requests of every kind.
+LAZY_BATCHES = (BATCHES[0], ([6] * 32, [0, 3, 6, 5] * 8))
+
+
+def _check_lazy(release: _Release, contract: Contract) -> tuple[str | None, str | None]:
     """NULL, LAST and FULL capture through the release's own
     ``_get_hidden_states_to_store``: what it stores from the release's full
-    result, and from flatgather's lazy one."""
+    result, and from flatgather's lazy one. Returns why lazy aux pruning
+    stays off (None: verified) and why FULL capture still gathers every kept
+    aux row (None: verified that the release's FULL store reads none of
+    them: it is handed a :class:`LazyAuxPruned`, which fails on any use)."""
     problem = aux_flow_problem(release.forward)
     if problem:
-        return problem
+        return problem, problem
     gate = LazyGate()
-    lazy = make_pruned_states(release.pruned_states, contract, gate)
+    lazy = {
+        full: make_pruned_states(release.pruned_states, contract, gate, lazy_full=full)
+        for full in (False, True)
+    }
     store = make_hidden_states_to_store(release.hidden_to_store)
     kinds = ("list", "packed") if contract.packed_aux else ("list",)
-    extend, start = BATCHES[0]
-    for kind, capture, pad in itertools.product(kinds, ("NULL", "LAST", "FULL"), (0, PAD_ROWS)):
-        h, b, aux = _inputs(extend, torch.float32, False, kind, pad, 2)
+    variants = ((False, 0), (True, PAD_ROWS))  # (before-norm states, padding rows)
+    full_problem = None
+    for (extend, start), kind, capture, (before_norm, pad) in itertools.product(
+        LAZY_BATCHES, kinds, ("NULL", "LAST", "FULL"), variants
+    ):
+        h, b, aux = _inputs(extend, torch.float32, before_norm, kind, pad, 2)
         expected_result, md_stock = _expected(release, contract, extend, start, h, b, aux)
         md_stock.capture_hidden_mode = getattr(release.capture_mode, capture)
-        md_ours = release.metadata(extend, start, capture)
         expected = _outcome(
             release.hidden_to_store, None, h, b, aux, *expected_result[:4], md_stock
         )
-        with lazy_scope(gate):
-            result = lazy(None, h, b, aux, md_ours)
-            actual = _outcome(store, None, h, b, aux, *result[:4], md_ours)
-        found = first_difference(actual, expected, f"stored hidden states ({capture}, {kind} aux)")
+        where = (
+            f"stored hidden states ({capture}, {kind} aux, {len(extend)} requests, "
+            f"{'with' if before_norm else 'no'} before-norm, {pad} padding rows)"
+        )
+
+        inputs = (h, b, aux, release.metadata(extend, start, capture))
+        if capture == "FULL" and full_problem is None:
+            found = first_difference(_lazy_store(gate, lazy[True], store, *inputs), expected, where)
+            if found is None:
+                continue
+            full_problem = f"the release's FULL store reads the pruned aux layers: {found}"
+            inputs = (*inputs[:3], release.metadata(extend, start, capture))
+        found = first_difference(_lazy_store(gate, lazy[False], store, *inputs), expected, where)
         if found:
-            return found
-    return None
+            return found, full_problem or found
+    return None, full_problem
 
 
 def run(logits_processor: ModuleType) -> Verdict:
@@ -418,11 +457,13 @@ def run(logits_processor: ModuleType) -> Verdict:
     found = _check_branches(release, ours)
     if found:
         raise ProbeFailed(f"branch taken differs: {found}")
-    lazy_problem = _check_lazy(release, contract)
+    lazy_problem, full_problem = _check_lazy(release, contract)
     return Verdict(
         contract=contract,
         lazy_aux=lazy_problem is None,
         lazy_aux_note=lazy_problem or "",
+        lazy_full=lazy_problem is None and full_problem is None,
+        lazy_full_note=full_problem or "",
         cases=cases,
         seconds=time.perf_counter() - started,
         pin_neutralised=bool(no_pin and no_pin.hits),

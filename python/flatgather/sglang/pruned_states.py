@@ -12,11 +12,14 @@ never read. Fewer rows than tokens is a :class:`flatgather.PlanError`.
 Lazy aux pruning: in that branch SGLang gathers every logprob row of every
 EAGLE3 aux layer, yet ``forward`` only hands them to
 ``_get_hidden_states_to_store``, which under LAST capture keeps the B sampled
-rows and under NULL capture none. Inside ``LogitsProcessor.forward`` the aux
-result is therefore a :class:`LazyAuxPruned` that the wrapped
-``_get_hidden_states_to_store`` resolves to exactly the rows it reads.
-Anywhere else, and under FULL capture, the aux layers are pruned in full as
-the release does.
+rows, under NULL capture none, and under FULL capture none either: it stores
+the unpruned aux layers (the capture mode of the EAGLE3 target prefill).
+Inside ``LogitsProcessor.forward`` the aux result is therefore a
+:class:`LazyAuxPruned` that the wrapped ``_get_hidden_states_to_store``
+resolves to exactly the rows it reads. Under FULL it is handed on unresolved,
+and only where the probe saw the release's own store leave it untouched (a
+:class:`LazyAuxPruned` fails on any use). Anywhere else the aux layers are
+pruned in full as the release does.
 
 A :class:`LazyAuxPruned` must never reach the release's own
 ``_get_hidden_states_to_store``, whatever ``uninstall()`` does meanwhile. A
@@ -43,6 +46,7 @@ from flatgather._staging import stage
 __all__ = [
     "Contract",
     "LazyAuxPruned",
+    "LazyAuxRead",
     "LazyGate",
     "lazy_scope",
     "make_forward",
@@ -120,14 +124,15 @@ def _check_rows(name: str, tensor: torch.Tensor, tokens: int) -> None:
         )
 
 
-def _lazy_pays(logits_metadata, plan) -> bool:
+def _lazy_pays(logits_metadata, plan, lazy_full: bool) -> bool:
     """Whether gathering the aux layers lazily saves work: always under NULL
     capture (nothing is read), under LAST when the batch keeps more rows than
-    it samples (else the lazy gather costs one index_select more), never
-    under FULL (every kept row is read)."""
+    it samples (else the lazy gather costs one index_select more), and under
+    FULL where the probe saw the release's store read no pruned aux row
+    (``lazy_full``)."""
     mode = logits_metadata.capture_hidden_mode
     if mode.is_full():
-        return False
+        return lazy_full
     return plan.num_pruned > plan.batch_size if mode.need_capture() else True
 
 
@@ -137,9 +142,17 @@ def _gather_aux(aux, index: torch.Tensor):
     return [layer.index_select(0, index) for layer in aux]
 
 
+class LazyAuxRead(TypeError):
+    """A :class:`LazyAuxPruned` was used as if it were the pruned aux layers."""
+
+
 class LazyAuxPruned:
     """``aux_pruned_states`` not gathered yet: the aux layers and the plan's
-    device indices, to gather from once it is known which rows are read."""
+    device indices, to gather from once it is known which rows are read.
+
+    It is also the sentinel of the probe's FULL-capture check: any use of it
+    as aux layers (indexing, iteration, ``len``, truth, attribute access, a
+    torch function) raises :class:`LazyAuxRead`."""
 
     __slots__ = ("aux", "gather", "sample")
 
@@ -156,7 +169,18 @@ class LazyAuxPruned:
             # pack(aux[gather])[sample] == pack(aux[gather[sample]]): gather
             # the B sampled rows only, already in order, so no re-indexing.
             return _gather_aux(self.aux, self.gather.index_select(0, self.sample)), None
-        return _gather_aux(self.aux, self.gather), sample_indices
+        # FULL: created only where the probe saw the release's store leave it
+        # untouched (it stores the unpruned layers), so it is handed on as is.
+        return self, sample_indices
+
+    def _refuse(self, *args, **kwargs):
+        raise LazyAuxRead("the pruned aux layers were read where flatgather gathered none")
+
+    __getitem__ = __iter__ = __len__ = __bool__ = __getattr__ = _refuse
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        raise LazyAuxRead(f"{func} was called on pruned aux layers flatgather did not gather")
 
 
 _lazy_scope: contextvars.ContextVar[LazyGate | None] = contextvars.ContextVar(
@@ -271,12 +295,16 @@ def make_hidden_states_to_store(original: Callable) -> Callable:
 
 
 def make_pruned_states(
-    original: Callable, contract: Contract, gate: LazyGate | None = None
+    original: Callable,
+    contract: Contract,
+    gate: LazyGate | None = None,
+    lazy_full: bool = False,
 ) -> Callable:
     """A ``_get_pruned_states`` that returns what ``original`` returns under
     ``contract``, with one plan, one host-to-device copy and one
     ``index_select`` per tensor in the logprob branch. With a ``gate``, aux
-    layers are pruned lazily inside the forwards it counts."""
+    layers are pruned lazily inside the forwards it counts; under FULL
+    capture only with ``lazy_full`` (none of them is then gathered)."""
 
     def _plan(hidden_states, aux_hidden_states, logits_metadata):
         """The batch's plan, or None where the release's own code runs."""
@@ -334,7 +362,7 @@ def make_pruned_states(
         )
         if aux_hidden_states is None:
             aux_pruned_states = None
-        elif gate is not None and gate.current() and _lazy_pays(logits_metadata, plan):
+        elif gate is not None and gate.current() and _lazy_pays(logits_metadata, plan, lazy_full):
             aux_pruned_states = LazyAuxPruned(aux_hidden_states, gather, sample_indices)
         else:
             aux_pruned_states = _gather_aux(aux_hidden_states, gather)
