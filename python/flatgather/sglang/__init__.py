@@ -24,11 +24,13 @@ import importlib
 import logging
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 
 from flatgather import _import_hooks
 from flatgather.sglang import draft_prefill, probe, releases
-from flatgather.sglang.patching import Patch, apply_all, revert_all
+from flatgather.sglang.patching import Patch, Prepared, apply_all, revert_all
 from flatgather.sglang.probe import ProbeFailed, Verdict
 from flatgather.sglang.pruned_states import (
     Contract,
@@ -162,24 +164,31 @@ def _table_notes(release: str | None, contract: Contract) -> list[str]:
     return []
 
 
-def _on_draft_module(state: _Installed, module) -> None:
+# Patchers that wait for a module to be imported: the module's name and its
+# ``prepare(module) -> Prepared``, which never raises and verifies what it
+# patches on its own. Each runs once, when (or if) that module is imported.
+DEFERRED: tuple[tuple[str, Callable[[ModuleType], Prepared]], ...] = (
+    (draft_prefill.MODULE, draft_prefill.prepare),
+)
+
+
+def _on_import(state: _Installed, prepare, module) -> None:
+    name = module.__name__
     with _lock:
-        if _state is not state or draft_prefill.MODULE not in state.pending:
+        if _state is not state or name not in state.pending:
             return
-        del state.pending[draft_prefill.MODULE]
+        del state.pending[name]
         try:
-            result = draft_prefill.prepare(module)
+            result = prepare(module)
         except Exception as exc:  # never fail the import this rides on
-            result = draft_prefill.DraftPatch.refused(
-                f"{draft_prefill.MODULE} left stock: {type(exc).__name__}: {exc}"
-            )
+            result = Prepared.refused(f"{name} left stock: {type(exc).__name__}: {exc}")
         state.notes.extend(result.notes)
         for note in result.notes:
             log.warning("flatgather: %s", note)
         if result.patches:
             state.patches.extend(apply_all(result.patches))
             state.backports.extend(result.backports)
-            log.info("flatgather: patched %s (%s)", draft_prefill.MODULE, ", ".join(result.applied))
+            log.info("flatgather: patched %s (%s)", name, ", ".join(result.applied))
 
 
 def install(force: bool = False, lazy_aux: bool = True) -> InstallReport:
@@ -232,9 +241,10 @@ def install(force: bool = False, lazy_aux: bool = True) -> InstallReport:
         try:
             state.patches.extend(apply_all(_logits_processor_patches(module, verdict, gate)))
             state.backports.extend(verdict.contract.backports)
-            on_import = functools.partial(_on_draft_module, state)
-            state.pending[draft_prefill.MODULE] = on_import
-            _import_hooks.when_imported(draft_prefill.MODULE, on_import)
+            for module_name, prepare in DEFERRED:
+                on_import = functools.partial(_on_import, state, prepare)
+                state.pending[module_name] = on_import
+                _import_hooks.when_imported(module_name, on_import)
         except BaseException:
             _state = None
             _cancel_pending(state)

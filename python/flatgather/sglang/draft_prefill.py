@@ -70,14 +70,14 @@ import functools
 import operator
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from flatgather._core import RotationPlan
 from flatgather._staging import stage
 from flatgather.sglang import source
-from flatgather.sglang.patching import Patch
+from flatgather.sglang.patching import Patch, Prepared
 
 __all__ = ["BACKPORT", "MODULE", "ROTATION", "DraftPatch", "prepare", "rotate"]
 
@@ -92,18 +92,8 @@ BACKPORT = "draft-prefill-no-logprob"
 """SGLang PR #21589's second fix: the draft forward without logprobs."""
 
 
-@dataclass(frozen=True)
-class DraftPatch:
-    patches: list[Patch] = field(default_factory=list)
-    applied: tuple[str, ...] = ()
-    """:data:`ROTATION` and/or :data:`BACKPORT`."""
-    backports: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-    """What was left stock, and why."""
-
-    @classmethod
-    def refused(cls, note: str) -> DraftPatch:
-        return cls(notes=(note,))
+DraftPatch = Prepared
+"""What :func:`prepare` returns (see :class:`~flatgather.sglang.patching.Prepared`)."""
 
 
 # --- the gather that replaces the loop ----------------------------------------------------

@@ -1,4 +1,5 @@
-"""Attribute patches applied all together or not at all."""
+"""Attribute patches applied all together or not at all, and what a
+patcher that waits for a module's import hands back."""
 
 from __future__ import annotations
 
@@ -37,6 +38,22 @@ class Patch:
                 delattr(self.target, self.name)
         else:
             setattr(self.target, self.name, self.original)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a deferred patcher (``prepare(module)``) found it could do: the
+    patches to apply, what they apply (names for the install report), the
+    backports among them, and notes on what was left stock and why."""
+
+    patches: list[Patch] = field(default_factory=list)
+    applied: tuple[str, ...] = ()
+    backports: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def refused(cls, note: str) -> Prepared:
+        return cls(notes=(note,))
 
 
 def apply_all(patches: Sequence[Patch]) -> list[Patch]:
