@@ -74,6 +74,11 @@ pub enum PlanError {
     PlanTooLarge { bytes: u64 },
     /// An output buffer is too short for the plan.
     BufferTooSmall { needed: usize, got: usize },
+    /// A requested token id lies outside `[-vocab, vocab)`.
+    TokenIdOutOfRange { request: usize, id: i64, vocab: i64 },
+    /// Input the release's own code gives its own meaning (an exception, a
+    /// silent truncation): the plan leaves it to that code.
+    LeftToRelease { request: usize, why: &'static str },
 }
 
 impl PlanError {
@@ -84,7 +89,9 @@ impl PlanError {
             PlanError::Negative { request, .. }
             | PlanError::ZeroExtend { request, .. }
             | PlanError::StartPastExtend { request, .. }
-            | PlanError::TooManyTokens { request, .. } => Some(request),
+            | PlanError::TooManyTokens { request, .. }
+            | PlanError::TokenIdOutOfRange { request, .. }
+            | PlanError::LeftToRelease { request, .. } => Some(request),
             _ => None,
         }
     }
@@ -103,6 +110,8 @@ impl PlanError {
             PlanError::RowMismatch { .. } => "row_mismatch",
             PlanError::PlanTooLarge { .. } => "plan_too_large",
             PlanError::BufferTooSmall { .. } => "buffer_too_small",
+            PlanError::TokenIdOutOfRange { .. } => "token_id_out_of_range",
+            PlanError::LeftToRelease { .. } => "left_to_release",
         }
     }
 }
@@ -197,6 +206,14 @@ impl fmt::Display for PlanError {
             PlanError::BufferTooSmall { needed, got } => write!(
                 f,
                 "the output buffer holds {got} int64 values, the plan needs {needed}"
+            ),
+            PlanError::TokenIdOutOfRange { request, id, vocab } => write!(
+                f,
+                "request {request}: token id {id} is outside the vocabulary of {vocab}"
+            ),
+            PlanError::LeftToRelease { request, why } => write!(
+                f,
+                "request {request} {why}: left to the release's own code"
             ),
         }
     }

@@ -3,7 +3,7 @@
 //! [`RotationPlan::fill`](crate::RotationPlan::fill) compute them. Unit tests, property tests
 //! and the fuzz target all check plans through [`check`].
 
-use crate::{PrunePlan, RotationPlan};
+use crate::{Entry, PrunePlan, RotationPlan, TokenIdsPlan, Walk};
 
 /// Checks the index sets a plan wrote for `extend`/`start` (already accepted
 /// by [`PrunePlan::new`]) against the contract, request by request:
@@ -176,6 +176,102 @@ pub fn check_rotation_plan(plan: &RotationPlan, lens: &[i64]) -> Result<(), Stri
     }
     if plan.ids() != ids || plan.embeds() != embeds {
         return Err("the per-part accessors disagree with fill".into());
+    }
+    Ok(())
+}
+
+/// One output entry as the release builds it, row by row: `None` for an
+/// entry appended empty (not positive pruned length), else whether it
+/// extends the previous entry and its rows, each a list of `(row, id)`.
+pub type ModelEntry = Option<(bool, Vec<Vec<(i64, i64)>>)>;
+
+/// The release's token-ids walk, row by row as SGLang 0.5.10 to 0.5.20 write
+/// it, independent of [`TokenIdsPlan`]'s per-request arithmetic: the entries
+/// and the returned split. `None` where a [`Walk::whole`] plan must refuse.
+pub fn token_ids_model(
+    pruned_lens: &[i64],
+    token_ids: &[Option<&[i64]>],
+    walk: Walk,
+) -> Option<(Vec<ModelEntry>, i64)> {
+    let mut out = Vec::new();
+    if walk.skip_empty && walk.rows == 0 {
+        return Some((out, 0));
+    }
+    let (mut pt, mut next_split, mut split) = (0i64, 0i64, walk.split);
+    for (n, (&len, &ids)) in pruned_lens.iter().zip(token_ids).enumerate() {
+        let mut len = len;
+        if n == 0 {
+            len -= split;
+        } else {
+            split = 0;
+        }
+        if len <= 0 {
+            out.push(None);
+            continue;
+        }
+        if walk.whole && (ids.is_none() || pt + len > walk.rows) {
+            return None;
+        }
+        let mut rows = Vec::new();
+        for j in 0..len {
+            if pt + j >= walk.rows {
+                next_split = split + j;
+                break;
+            }
+            if let Some(ids) = ids {
+                rows.push(ids.iter().map(|&id| (pt + j, id)).collect());
+            }
+        }
+        if !(walk.skip_empty && rows.is_empty()) {
+            out.push(Some((split > 0, rows)));
+        }
+        pt += len;
+    }
+    Some((out, next_split))
+}
+
+/// Checks `plan` against [`token_ids_model`]: the same entries, and the
+/// `(row, id)` pairs [`TokenIdsPlan::fill`] writes nest into them in order.
+pub fn check_token_ids(
+    plan: &TokenIdsPlan,
+    pruned_lens: &[i64],
+    token_ids: &[Option<&[i64]>],
+    walk: Walk,
+) -> Result<(), String> {
+    let (model, split) =
+        token_ids_model(pruned_lens, token_ids, walk).ok_or("the model refuses this walk")?;
+    if plan.next_split() != split {
+        return Err(format!("next_split {}, want {split}", plan.next_split()));
+    }
+    let (rows, cols) = (plan.rows(), plan.cols());
+    let pairs: Vec<(i64, i64)> = rows.into_iter().zip(cols).collect();
+    if pairs.len() != plan.num_values() {
+        return Err("fill wrote a number of values other than num_values".into());
+    }
+    let mut got: Vec<ModelEntry> = Vec::new();
+    for entry in plan.entries() {
+        got.push(match *entry {
+            Entry::Empty => None,
+            Entry::Rows {
+                rows,
+                width,
+                value,
+                extend,
+                ..
+            } => {
+                let end = value + rows as usize * width;
+                let values = pairs.get(value..end).ok_or("an entry past the values")?;
+                let nested = if width == 0 {
+                    vec![Vec::new(); rows as usize]
+                } else {
+                    values.chunks(width).map(<[_]>::to_vec).collect()
+                };
+                Some((extend, nested))
+            }
+        });
+    }
+    if got != model {
+        return Err(format!("entries {got:?}, want {model:?}"));
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Flat gather plans for the prefill step of SGLang's speculative-decoding
 //! path: the pruning of `LogitsProcessor._get_pruned_states` ("prefill with
-//! input logprobs") and the draft worker's input rotation ([`RotationPlan`]).
+//! input logprobs"), the draft worker's input rotation ([`RotationPlan`]) and
+//! the token-id input logprobs ([`TokenIdsPlan`]).
 //!
 //! ## Pruning
 //!
@@ -62,10 +63,12 @@ pub mod invariants;
 mod lengths;
 mod prune;
 mod rotation;
+mod token_ids;
 
 pub use error::{Field, PlanError};
 pub use prune::{Layout, PrunePlan};
 pub use rotation::RotationPlan;
+pub use token_ids::{Entry, TokenIdsPlan, Walk};
 
 #[cfg(test)]
 mod tests;

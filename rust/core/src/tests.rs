@@ -1,5 +1,5 @@
 use super::*;
-use crate::invariants::{check_plan, check_rotation_plan};
+use crate::invariants::{check_plan, check_rotation_plan, check_token_ids, token_ids_model};
 use proptest::prelude::*;
 
 fn parts(plan: &PrunePlan, with_token_to_seq: bool) -> (Vec<i64>, Vec<i64>, Vec<i64>, Vec<i64>) {
@@ -253,6 +253,129 @@ fn rotation_edges() {
     );
 }
 
+fn ids_of(lists: &[Option<Vec<i64>>]) -> Vec<Option<&[i64]>> {
+    lists.iter().map(|l| l.as_deref()).collect()
+}
+
+#[test]
+fn token_ids_seed_example() {
+    // Three requests: 2 rows asking [7, 3], none scored, 3 rows asking [1].
+    let lists = [Some(vec![7, 3]), Some(vec![5]), Some(vec![1])];
+    let ids = ids_of(&lists);
+    let plan = TokenIdsPlan::new(&[2, 0, 3], &ids, 10, Walk::chunk(5, 0)).unwrap();
+    assert_eq!(plan.rows(), vec![0, 0, 1, 1, 2, 3, 4]);
+    assert_eq!(plan.cols(), vec![7, 3, 7, 3, 1, 1, 1]);
+    assert_eq!(plan.entries()[1], Entry::Empty);
+    assert_eq!(plan.next_split(), 0);
+    check_token_ids(&plan, &[2, 0, 3], &ids, Walk::chunk(5, 0)).unwrap();
+}
+
+#[test]
+fn token_ids_chunk_boundaries_split_and_continue_a_request() {
+    let lists = [Some(vec![4]), Some(vec![2, 6]), None];
+    let ids = ids_of(&lists);
+    // 3 rows: request 0 has 2, request 1 gets 1 of its 3 (the chunk ends in
+    // it, so SGLang's chunk slice stops there).
+    let walk = Walk::chunk(3, 0);
+    let plan = TokenIdsPlan::new(&[2, 3], &ids[..2], 8, walk).unwrap();
+    assert_eq!(plan.next_split(), 1);
+    check_token_ids(&plan, &[2, 3], &ids[..2], walk).unwrap();
+    // The next chunk starts inside request 1: it extends the last entry.
+    let walk = Walk::chunk(4, 1);
+    let plan = TokenIdsPlan::new(&[3, 2], &ids[1..], 8, walk).unwrap();
+    assert!(matches!(
+        plan.entries()[0],
+        Entry::Rows {
+            rows: 2,
+            extend: true,
+            ..
+        }
+    ));
+    assert!(matches!(
+        plan.entries()[1],
+        Entry::Rows {
+            rows: 0,
+            extend: false,
+            ..
+        }
+    ));
+    check_token_ids(&plan, &[3, 2], &ids[1..], walk).unwrap();
+}
+
+#[test]
+fn token_ids_older_walks_skip_empty_entries_and_empty_chunks() {
+    let lists = [None, Some(vec![1]), Some(vec![])];
+    let ids = ids_of(&lists);
+    let walk = Walk {
+        skip_empty: true,
+        ..Walk::chunk(4, 0)
+    };
+    let plan = TokenIdsPlan::new(&[1, 2, 1], &ids, 4, walk).unwrap();
+    // No entry for the request without ids; one row of no value for [].
+    assert_eq!(plan.entries().len(), 2);
+    check_token_ids(&plan, &[1, 2, 1], &ids, walk).unwrap();
+    let empty = Walk {
+        skip_empty: true,
+        ..Walk::chunk(0, 0)
+    };
+    assert!(TokenIdsPlan::new(&[1, 2], &ids, 4, empty)
+        .unwrap()
+        .entries()
+        .is_empty());
+}
+
+#[test]
+fn token_ids_refusals_name_the_request() {
+    let lists = [Some(vec![1]), Some(vec![9])];
+    let ids = ids_of(&lists);
+    let err = TokenIdsPlan::new(&[1, 1], &ids, 9, Walk::chunk(2, 0)).unwrap_err();
+    assert_eq!(
+        (err.kind(), err.request()),
+        ("token_id_out_of_range", Some(1))
+    );
+    assert!(TokenIdsPlan::new(&[1, 1], &[Some(&[-9][..]), None], 9, Walk::chunk(2, 0)).is_ok());
+    let whole = Walk {
+        whole: true,
+        ..Walk::chunk(2, 0)
+    };
+    let err = TokenIdsPlan::new(&[1, 1], &[Some(&[1][..]), None], 9, whole).unwrap_err();
+    assert_eq!((err.kind(), err.request()), ("left_to_release", Some(1)));
+    let err =
+        TokenIdsPlan::new(&[1, 2], &ids_of(&[Some(vec![1]), Some(vec![1])]), 9, whole).unwrap_err();
+    assert_eq!((err.kind(), err.request()), ("left_to_release", Some(1)));
+    // A request with nothing to score needs no ids, even in a whole walk.
+    assert!(TokenIdsPlan::new(&[0, 2], &[None, Some(&[1][..])], 9, whole).is_ok());
+}
+
+fn token_id_lists() -> impl Strategy<Value = Vec<(i64, Option<Vec<i64>>)>> {
+    let request = (
+        prop_oneof![Just(0i64), Just(-1), 1i64..6, 1i64..40],
+        prop::option::weighted(0.8, prop::collection::vec(-12i64..12, 0..5)),
+    );
+    // Chunks of one or two requests are where a split shows in the result.
+    prop_oneof![
+        prop::collection::vec(request.clone(), 0..3),
+        prop::collection::vec(request, 0..40),
+    ]
+}
+
+/// A walk over `lens`: the chunk's rows end anywhere in the batch (or past
+/// it), as chunked input logprobs cut it.
+fn walk_over(lens: &[i64], (cut, split, skip_empty, whole): (u8, i64, bool, bool)) -> Walk {
+    let total: i64 = lens.iter().map(|&l| l.max(0)).sum();
+    let rows = match cut {
+        0 => 0,
+        101.. => total + i64::from(cut - 101),
+        _ => total * i64::from(cut) / 100,
+    };
+    Walk {
+        rows,
+        split: if whole { 0 } else { split },
+        skip_empty,
+        whole,
+    }
+}
+
 fn rotation_lens() -> impl Strategy<Value = Vec<i64>> {
     prop::collection::vec(prop_oneof![Just(1i64), 1i64..8, 1i64..600], 0..300)
 }
@@ -284,6 +407,30 @@ proptest! {
         if let Ok(plan) = PrunePlan::new(&extend, &start) {
             prop_assume!(plan.num_tokens() < 1 << 20);
             check_plan(&plan, &extend, &start).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    #[test]
+    fn every_token_ids_walk_matches_the_row_by_row_model(
+        requests in token_id_lists(),
+        walk in (0u8..105, prop_oneof![Just(0i64), 0i64..8], any::<bool>(), any::<bool>()),
+        extra_ids in 0usize..3,
+    ) {
+        let lens: Vec<i64> = requests.iter().map(|r| r.0).collect();
+        let walk = walk_over(&lens, walk);
+        let lists: Vec<Option<Vec<i64>>> = requests.iter().map(|r| r.1.clone()).collect();
+        let mut ids = ids_of(&lists);
+        // zip() stops at the shorter of the two.
+        ids.extend(std::iter::repeat_n(None, extra_ids));
+        match TokenIdsPlan::new(&lens, &ids, 12, walk) {
+            Ok(plan) => check_token_ids(&plan, &lens, &ids, walk).map_err(TestCaseError::fail)?,
+            Err(err) => {
+                let request = err.request().expect("every refusal names a request");
+                prop_assert!(request < lens.len());
+                prop_assert!(
+                    err.kind() == "left_to_release" && token_ids_model(&lens, &ids, walk).is_none()
+                );
+            }
         }
     }
 
