@@ -4,6 +4,7 @@ and uninstall() restores the exact original objects."""
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 
 import flatgather.sglang as fs
@@ -53,6 +54,11 @@ def test_install_reports_what_it_verified_and_applied():
         f"{lp.__name__}.LogitsProcessor.{name}"
         for name in ("_get_pruned_states", "_get_hidden_states_to_store", "forward")
     }
+    # The token-id input logprobs, where the release's callers look them up.
+    chunk_module = sys.modules.get("sglang.srt.layers.logprob_processor", lp)
+    ours.add(f"{chunk_module.__name__}.get_token_ids_logprobs_chunk")
+    if hasattr(lp, "get_token_ids_logprobs_prefill"):
+        ours.add(f"{lp.__name__}.get_token_ids_logprobs_prefill")
     assert ours <= set(report.patched)
     # Anything else is the draft worker's, patched now if another test imported it.
     assert all("eagle_worker_v2" in where for where in set(report.patched) - ours)

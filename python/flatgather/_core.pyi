@@ -6,7 +6,14 @@ from typing import Any, final
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAX_PLAN_BYTES", "MAX_TOKENS", "PrunePlan", "RotationPlan", "__version__"]
+__all__ = [
+    "MAX_PLAN_BYTES",
+    "MAX_TOKENS",
+    "PrunePlan",
+    "RotationPlan",
+    "TokenIdsPlan",
+    "__version__",
+]
 
 MAX_TOKENS: int
 MAX_PLAN_BYTES: int
@@ -44,3 +51,28 @@ class RotationPlan:
     def num_tokens(self) -> int: ...
     def buffer_len(self, embeds: bool = False) -> int: ...
     def fill(self, out: npt.NDArray[np.int64], embeds: bool = False) -> None: ...
+
+@final
+class TokenIdsPlan:
+    def __new__(
+        cls,
+        pruned_lens: Any,
+        token_ids: Any,
+        vocab: int,
+        rows: int,
+        split: int = 0,
+        skip_empty: bool = False,
+        whole: bool = False,
+    ) -> TokenIdsPlan: ...
+    @property
+    def num_values(self) -> int: ...
+    @property
+    def next_split(self) -> int: ...
+    @property
+    def extends(self) -> bool: ...
+    def buffer_len(self) -> int: ...
+    def fill(self, out: npt.NDArray[np.int64]) -> None: ...
+    def entries(self) -> list[tuple[int, int, int, int, bool] | None]: ...
+    def nest(
+        self, values: list[Any], token_ids: list[Any], val_out: list[Any], idx_out: list[Any]
+    ) -> None: ...

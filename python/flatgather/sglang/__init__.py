@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from flatgather import _import_hooks
-from flatgather.sglang import draft_prefill, probe, releases
+from flatgather.sglang import draft_prefill, input_logprobs_check, probe, releases
 from flatgather.sglang.patching import Patch, Prepared, apply_all, revert_all
 from flatgather.sglang.probe import ProbeFailed, Verdict
 from flatgather.sglang.pruned_states import (
@@ -191,7 +192,9 @@ def _on_import(state: _Installed, prepare, module) -> None:
             log.info("flatgather: patched %s (%s)", name, ", ".join(result.applied))
 
 
-def install(force: bool = False, lazy_aux: bool = True) -> InstallReport:
+def install(
+    force: bool = False, lazy_aux: bool = True, input_logprobs: bool = True
+) -> InstallReport:
     """Probe the running SGLang and patch it; idempotent (a second call
     changes nothing and returns the report so far).
 
@@ -200,6 +203,9 @@ def install(force: bool = False, lazy_aux: bool = True) -> InstallReport:
     ``_get_pruned_states`` exactly. With ``lazy_aux`` (the default, and only
     where the probe verified it), ``LogitsProcessor.forward`` gathers from the
     EAGLE3 aux layers only the rows it stores; its outputs are unchanged.
+    With ``input_logprobs`` (the default), the token-id input logprobs are
+    gathered in one go (:mod:`flatgather.sglang.input_logprobs`), each
+    function verified against the release's own first.
     Either every patch is applied or, if one fails, none is left behind and
     the error propagates.
 
@@ -237,9 +243,16 @@ def install(force: bool = False, lazy_aux: bool = True) -> InstallReport:
                 "this host has no CUDA and the release's _get_pruned_states pins memory "
                 "unconditionally: the probe ran it with pin_memory=False (pinning changes no value)"
             )
+        patches = _logits_processor_patches(module, verdict, gate)
+        if input_logprobs:
+            flat = input_logprobs_check.prepare(
+                [sys.modules[m] for m in input_logprobs_check.MODULES if m in sys.modules]
+            )
+            patches += flat.patches
+            state.notes.extend(flat.notes)
         _state = state
         try:
-            state.patches.extend(apply_all(_logits_processor_patches(module, verdict, gate)))
+            state.patches.extend(apply_all(patches))
             state.backports.extend(verdict.contract.backports)
             for module_name, prepare in DEFERRED:
                 on_import = functools.partial(_on_import, state, prepare)

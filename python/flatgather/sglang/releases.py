@@ -50,6 +50,9 @@ class Release:
     ``forward_batch.return_logprob = False``."""
     rotation: str
     """The shape of ``_draft_extend_for_prefill``'s per-request loop."""
+    token_ids_skip_empty: bool = False
+    """The token-id input-logprob functions append no entry for a request
+    that gets no values, and none for an empty chunk (up to 0.5.15)."""
     pins: tuple[str, ...] = ()
     """Packages installed next to the release (``--no-deps``) so that it
     imports on a CPU machine with the shared test environment."""
@@ -78,7 +81,12 @@ def _rows() -> tuple[Release, ...]:
     tf_5_8 = ("transformers==5.8.1", *hub)
     tf_5_12 = ("transformers==5.12.1", *hub)
     xgrammar = ("xgrammar==0.2.1",)  # imported unconditionally by 0.5.16-0.5.20
-    old = dict(trailing_token_to_seq=True, packed_aux=False, writes_cpu_indices=False)
+    old = dict(
+        trailing_token_to_seq=True,
+        packed_aux=False,
+        writes_cpu_indices=False,
+        token_ids_skip_empty=True,
+    )
     fixed = dict(prunes_aux=True, draft_no_logprob=True)
     no_trailing = dict(trailing_token_to_seq=False, writes_cpu_indices=False)
     packed = dict(trailing_token_to_seq=False, packed_aux=True, writes_cpu_indices=False)
@@ -150,15 +158,16 @@ def markdown() -> str:
     """The README's support table."""
     lines = [
         "| SGLang | trailing `token_to_seq_idx` | packed aux | writes `*_indices_cpu` "
-        "| draft rotation loop | backports applied | CI |",
-        "|---|---|---|---|---|---|---|",
+        "| draft rotation loop | empty token-id entries | backports applied | CI |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in RELEASES:
         backports = ", ".join(f"`{b}`" for b in r.backports) or "none"
         ci = "full suite + matrix" if r.full_suite else "matrix"
         lines.append(
             f"| {r.version} | {_yes(r.trailing_token_to_seq)} | {_yes(r.packed_aux)} "
-            f"| {_yes(r.writes_cpu_indices)} | {r.rotation} | {backports} | {ci} |"
+            f"| {_yes(r.writes_cpu_indices)} | {r.rotation} "
+            f"| {'skipped' if r.token_ids_skip_empty else 'kept'} | {backports} | {ci} |"
         )
     return "\n".join(lines) + "\n"
 

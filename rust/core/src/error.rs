@@ -16,6 +16,12 @@ pub enum Field {
     /// `ScheduleBatch.extend_lens` (`extend_seq_lens` before 0.5.13): the
     /// lengths a draft-prefill rotation walks.
     ExtendLens,
+    /// `LogitsMetadata.extend_logprob_pruned_lens_cpu`: the scored rows of
+    /// each request.
+    PrunedLens,
+    /// `LogitsMetadata.token_ids_logprobs`: the token ids each request asks
+    /// the logprobs of.
+    TokenIds,
 }
 
 impl Field {
@@ -25,6 +31,8 @@ impl Field {
             Field::ExtendLogprobStartLens => "extend_logprob_start_lens",
             Field::NumRows => "num_rows",
             Field::ExtendLens => "extend_lens",
+            Field::PrunedLens => "extend_logprob_pruned_lens",
+            Field::TokenIds => "token_ids_logprobs",
         }
     }
 }

@@ -12,7 +12,8 @@
 //! arbitrary objects, a short prefix of long strings.
 
 use flatgather_core::{
-    Field, PlanError as CoreError, PrunePlan, RotationPlan, MAX_PLAN_BYTES, MAX_TOKENS,
+    Entry, Field, PlanError as CoreError, PrunePlan, RotationPlan, TokenIdsPlan, Walk,
+    MAX_PLAN_BYTES, MAX_TOKENS,
 };
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
@@ -424,10 +425,213 @@ impl PyRotationPlan {
     }
 }
 
+/// `out[-1]`, raising IndexError on an empty list as Python does.
+fn last_item<'py>(out: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyAny>> {
+    match out.len() {
+        0 => Err(pyo3::exceptions::PyIndexError::new_err(
+            "list index out of range",
+        )),
+        n => out.get_item(n - 1),
+    }
+}
+
+/// The token ids of the first `walked` requests: None, or a list of ints.
+fn extract_token_ids(obj: &Bound<'_, PyAny>, walked: usize) -> PyResult<Vec<Option<Vec<i64>>>> {
+    let list = obj.cast::<PyList>().map_err(|_| {
+        plan_error(
+            format!(
+                "token_ids_logprobs must be a list (as SGLang holds it), got {}",
+                describe(obj)
+            ),
+            "bad_container",
+            None,
+        )
+    })?;
+    let mut out = Vec::with_capacity(walked.min(list.len()));
+    for (request, item) in list.iter().take(walked).enumerate() {
+        if item.is_none() {
+            out.push(None);
+            continue;
+        }
+        let ids = item.cast::<PyList>().map_err(|_| {
+            plan_error(
+                format!(
+                    "request {request}: token_ids_logprobs[{request}] must be None or a list, got {}",
+                    describe(&item)
+                ),
+                "bad_container",
+                Some(request),
+            )
+        })?;
+        out.push(Some(collect_lens(ids.iter(), ids.len(), Field::TokenIds)?));
+    }
+    Ok(out)
+}
+
+/// The token-id logprobs of one call of SGLang's input-logprob function:
+/// every `(row, id)` pair in the order the values nest, and the nesting.
+#[pyclass(module = "flatgather._core", name = "TokenIdsPlan", frozen)]
+struct PyTokenIdsPlan {
+    plan: TokenIdsPlan,
+}
+
+#[pymethods]
+impl PyTokenIdsPlan {
+    /// Walks `pruned_lens` and `token_ids` (a list of None or lists of
+    /// ints) over a chunk of `rows` rows of a `vocab`-wide logprobs tensor,
+    /// whose first request had `split` rows served by earlier chunks.
+    /// `skip_empty`: no entry for a request without values, and none at all
+    /// for an empty chunk (SGLang 0.5.10 to 0.5.15). `whole`: the whole
+    /// batch at once; a request without ids or past the rows is refused.
+    #[new]
+    #[pyo3(signature = (pruned_lens, token_ids, vocab, rows, split=0, skip_empty=false, whole=false))]
+    fn new(
+        pruned_lens: &Bound<'_, PyAny>,
+        token_ids: &Bound<'_, PyAny>,
+        vocab: i64,
+        rows: i64,
+        split: i64,
+        skip_empty: bool,
+        whole: bool,
+    ) -> PyResult<Self> {
+        let lens = extract_lens(pruned_lens, Field::PrunedLens)?;
+        let lists = extract_token_ids(token_ids, lens.len())?;
+        let ids: Vec<Option<&[i64]>> = lists.iter().map(|l| l.as_deref()).collect();
+        let walk = Walk {
+            rows,
+            split,
+            skip_empty,
+            whole,
+        };
+        let plan = TokenIdsPlan::new(&lens, &ids, vocab, walk).map_err(core_error)?;
+        Ok(PyTokenIdsPlan { plan })
+    }
+
+    /// Values to gather.
+    #[getter]
+    fn num_values(&self) -> usize {
+        self.plan.num_values()
+    }
+
+    /// What the release's function returns (the split for the next chunk).
+    #[getter]
+    fn next_split(&self) -> i64 {
+        self.plan.next_split()
+    }
+
+    /// Whether the first entry extends the caller's last one.
+    #[getter]
+    fn extends(&self) -> bool {
+        matches!(
+            self.plan.entries().first(),
+            Some(Entry::Rows { extend: true, .. })
+        )
+    }
+
+    /// The `int64` count of the buffer: `rows | ids`, `num_values` each.
+    fn buffer_len(&self) -> usize {
+        2 * self.plan.num_values()
+    }
+
+    /// Writes the rows, then the ids, into `out` in place.
+    fn fill(&self, out: &Bound<'_, PyAny>) -> PyResult<()> {
+        let plan = &self.plan;
+        with_output(out, self.buffer_len(), |dst| plan.fill(dst))
+    }
+
+    /// The entries, in order: None for a fresh empty entry, else
+    /// `(request, rows, width, value, extend)`.
+    fn entries<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items = self.plan.entries().iter().map(|entry| match *entry {
+            Entry::Empty => py.None().into_bound(py),
+            Entry::Rows {
+                request,
+                rows,
+                width,
+                value,
+                extend,
+            } => (request, rows, width, value, extend)
+                .into_pyobject(py)
+                .expect("a tuple of ints and a bool")
+                .into_any(),
+        });
+        PyList::new(py, items)
+    }
+
+    /// Appends to `val_out` and `idx_out` what the release appends, from
+    /// `values` (the gathered values, as one flat list): per request one list
+    /// of `width` values per row, and the request's own `token_ids` list
+    /// once per row; an entry that continues the previous one extends the
+    /// last item of each instead.
+    fn nest(
+        &self,
+        values: &Bound<'_, PyList>,
+        token_ids: &Bound<'_, PyList>,
+        val_out: &Bound<'_, PyList>,
+        idx_out: &Bound<'_, PyList>,
+    ) -> PyResult<()> {
+        let py = values.py();
+        if values.len() != self.plan.num_values() {
+            return Err(plan_error(
+                format!(
+                    "values holds {} items, the plan gathers {}",
+                    values.len(),
+                    self.plan.num_values()
+                ),
+                "bad_buffer",
+                None,
+            ));
+        }
+        for entry in self.plan.entries() {
+            let Entry::Rows {
+                request,
+                rows,
+                width,
+                value,
+                extend,
+            } = *entry
+            else {
+                val_out.append(PyList::empty(py))?;
+                idx_out.append(PyList::empty(py))?;
+                continue;
+            };
+            let rows = rows as usize;
+            let val = PyList::empty(py);
+            let idx = PyList::empty(py);
+            if rows > 0 {
+                let ids = token_ids.get_item(request)?;
+                for r in 0..rows {
+                    let start = value + r * width;
+                    val.append(values.get_slice(start, start + width))?;
+                    idx.append(&ids)?;
+                }
+            }
+            if extend {
+                last_item(val_out)?.call_method1(intern!(py, "extend"), (val,))?;
+                last_item(idx_out)?.call_method1(intern!(py, "extend"), (idx,))?;
+            } else {
+                val_out.append(val)?;
+                idx_out.append(idx)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "TokenIdsPlan(entries={}, num_values={}, next_split={})",
+            self.plan.entries().len(),
+            self.plan.num_values(),
+            self.plan.next_split()
+        )
+    }
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPrunePlan>()?;
     m.add_class::<PyRotationPlan>()?;
+    m.add_class::<PyTokenIdsPlan>()?;
     m.add("MAX_TOKENS", MAX_TOKENS)?;
     m.add("MAX_PLAN_BYTES", MAX_PLAN_BYTES)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -1,0 +1,216 @@
+"""Which token-id input-logprob functions of the running release to replace,
+and the proof, before anything is patched, that each replacement does what
+the release's function does.
+
+:func:`prepare` looks for the functions where their callers look them up (the
+module globals of ``logits_processor`` and, from 0.5.16 on,
+``logprob_processor``), then calls the release's own function and the
+replacement side by side on small CPU chunks chosen so that every point on
+which releases differ shows: requests with nothing to score, no ids, an
+empty id list, ragged and negative ids; a chunk boundary inside a request,
+the next chunk continuing it, an empty chunk, rows past the last request;
+float32 and bfloat16; raw logits with a per-row normalizer and the pinned
+path where the function takes them. It compares what each returns (or the
+type of what it raises) and everything it leaves in the output lists:
+values, Python types, nesting, and the id lists themselves (the release
+appends the request's own list object, once per row).
+
+The older releases (0.5.10 to 0.5.15) append nothing for a request that gets
+no values, and nothing at all for an empty chunk: both walks are tried, and
+the one that matches on every case is used. A function that neither matches
+is left stock, with a note naming the first difference.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from flatgather.sglang.input_logprobs import CHUNK, PREFILL, Walk, make_chunk, make_prefill
+from flatgather.sglang.patching import Patch, Prepared
+from flatgather.sglang.probe import first_difference
+
+__all__ = ["MODULES", "TOKEN_IDS", "prepare"]
+
+MODULES = ("sglang.srt.layers.logits_processor", "sglang.srt.layers.logprob_processor")
+"""Where the callers of the functions look them up."""
+
+TOKEN_IDS = "input-token-ids-logprobs"
+"""The name of this patch in the install report."""
+
+VOCAB = 11
+
+# (pruned lengths, ids per request, rows of the chunk, split, whether the
+# gather must answer): the chunk cases.
+_IDS = ([3, 1], None, [], [2, -1, 2, 10], [0], [-11, 5, 4])
+_CASES = (
+    ([2, 3, 1], [_IDS[0], _IDS[3], _IDS[4]], 6, 0, True),  # every row, ragged ids
+    ([2, 0, 3, 2], [_IDS[0], _IDS[0], _IDS[5], _IDS[3]], 7, 0, True),  # nothing to score
+    ([3, 2, 4], [_IDS[0], _IDS[1], _IDS[3]], 9, 0, True),  # no ids
+    ([2, 2, 1], [_IDS[2], _IDS[0], _IDS[2]], 5, 0, True),  # an empty id list
+    ([3, 4, 2], [_IDS[3], _IDS[0], _IDS[4]], 5, 0, True),  # the chunk ends inside a request
+    ([3, 2], [_IDS[0], _IDS[5]], 4, 2, True),  # the next chunk continues it
+    ([2, 1, 1], [_IDS[1], _IDS[0], _IDS[4]], 2, 1, True),  # continuing one without ids
+    ([1, 2], [_IDS[0], _IDS[3]], 0, 0, True),  # an empty chunk
+    ([2, 1, -1, 2], [_IDS[0], _IDS[3], _IDS[0], _IDS[4]], 9, 0, True),  # rows to spare
+    ([4], [_IDS[3]], 4, 0, False),  # one request: the release's loop is as cheap
+    ([2, 2], [_IDS[0], [12]], 4, 0, False),  # an id past the vocabulary: its error
+)
+# The whole-batch function: the releases fail on a request without ids there
+# and truncate past the rows; both go to the release's own code.
+_WHOLE_CASES = (
+    ([2, 3, 1], [_IDS[0], _IDS[3], _IDS[4]], 6, 0, True),
+    ([2, 0, 3, 2], [_IDS[0], _IDS[1], _IDS[5], _IDS[2]], 7, 0, True),
+    ([3, 2], [_IDS[0], _IDS[1]], 5, 0, False),
+    ([3, 4], [_IDS[0], _IDS[3]], 5, 0, False),
+)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """The arguments of one call, fresh for each function called."""
+
+    logprobs: torch.Tensor
+    ids: list
+    lens: list
+    split: int
+    normalizer: tuple | None
+    pinned: bool
+    gathers: bool
+
+    def outputs(self):
+        # A request continued from the previous chunk needs an entry to extend.
+        if self.split:
+            return [[["earlier row"]]], [[["earlier ids"]]]
+        return [], []
+
+
+def _calls(cases, keywords: set[str]) -> Iterator[_Call]:
+    dtypes = (torch.float32, torch.bfloat16)
+    normalized = (False, True) if "log_normalizer" in keywords else (False,)
+    pinned = (False, True) if "copy_to_pinned_cpu" in keywords else (False,)
+    for seed, ((lens, ids, rows, split, gathers), dtype, norm, pin) in enumerate(
+        itertools.product(cases, dtypes, normalized, pinned)
+    ):
+        gen = torch.Generator().manual_seed(seed)
+        # Any values do: only where they land is compared.
+        logits = (torch.randn(rows, VOCAB, generator=gen) * 4).to(dtype)
+        normalizer = None
+        if norm:
+            x = logits.float()
+            row_max = x.amax(dim=-1) if rows else x.new_zeros(0)
+            normalizer = (row_max, torch.logsumexp(x - row_max[:, None], dim=-1))
+        # The pinned path leaves a chunk with nothing to copy to the release.
+        gathers = gathers and not (pin and rows == 0)
+        ids = [copy.copy(i) for i in ids]
+        yield _Call(logits, ids, list(lens), split, normalizer, pin, gathers)
+
+
+def _run(fn, call: _Call, chunk: bool):
+    val, idx = call.outputs()
+    try:
+        if chunk:
+            kwargs = {}
+            if call.normalizer is not None:
+                kwargs["log_normalizer"] = call.normalizer
+            if call.pinned:
+                kwargs["copy_to_pinned_cpu"] = True
+            returned = fn(call.logprobs, call.ids, call.lens, val, idx, call.split, **kwargs)
+        else:
+            metadata = types.SimpleNamespace(
+                token_ids_logprobs=call.ids, extend_logprob_pruned_lens_cpu=call.lens
+            )
+            returned = fn(call.logprobs, metadata)
+            val, idx = returned
+            returned = None
+    except Exception as exc:  # compared by type: the same failure, or none
+        return {"raised": type(exc).__name__}
+    # The id lists appended are the request's own objects: name them by index.
+    owners = {id(ids): f"ids[{i}]" for i, ids in enumerate(call.ids) if ids is not None}
+    named = [
+        [owners.get(id(item), item) for item in entry] if isinstance(entry, list) else entry
+        for entry in idx
+    ]
+    return {"returned": returned, "val": val, "idx": named}
+
+
+class _Gathers:
+    """Counts the calls the gather answered."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+
+
+def _verify(original, replacement, gathers: _Gathers, cases, chunk: bool) -> str | None:
+    keywords = set(original.__code__.co_varnames[: original.__code__.co_argcount])
+    for call in _calls(cases, keywords):
+        where = (
+            f"on pruned lengths {call.lens}, ids {call.ids}, {call.logprobs.shape[0]} rows, "
+            f"split {call.split}, {call.logprobs.dtype}"
+            f"{', normalized' if call.normalizer is not None else ''}"
+            f"{', pinned' if call.pinned else ''}"
+        )
+        expected = _run(original, call, chunk)
+        before = gathers.count
+        actual = _run(replacement, call, chunk)
+        found = first_difference(actual, expected, "")
+        if found:
+            return f"{where}: {found}"
+        if (gathers.count > before) != call.gathers:
+            return f"{where}: the gather {'did not answer' if call.gathers else 'answered'}"
+    return None
+
+
+def _candidates(name: str, original, gathers: _Gathers):
+    """The replacements to try for ``original``, each with its walk."""
+    if name == PREFILL:
+        return [make_prefill(original, gathers)]
+    to_host = original.__globals__.get("async_d2h")
+    return [make_chunk(original, Walk(skip_empty=skip), to_host, gathers) for skip in (False, True)]
+
+
+def prepare(modules) -> Prepared:
+    """The patches of the token-id logprob functions found in ``modules``
+    (imported modules, by name), each verified against the release's own
+    function; never raises."""
+    patches, notes = [], []
+    for module in modules:
+        for name in (CHUNK, PREFILL):
+            original = vars(module).get(name)
+            if not isinstance(original, types.FunctionType):
+                continue
+            where = f"{module.__name__}.{name}"
+            chunk = name == CHUNK
+            gathers = _Gathers()
+            replacement, problem = None, None
+            try:
+                for candidate in _candidates(name, original, gathers):
+                    found = _verify(
+                        original, candidate, gathers, _CASES if chunk else _WHOLE_CASES, chunk
+                    )
+                    if found is None:
+                        replacement = candidate
+                        break
+                    problem = problem or found
+            except Exception as exc:
+                replacement, problem = None, f"{type(exc).__name__}: {exc}"
+            if replacement is None:
+                notes.append(f"{where} left stock: {problem}")
+                continue
+            # The one that goes into service counts nothing.
+            if chunk:
+                to_host = original.__globals__.get("async_d2h")
+                replacement = make_chunk(original, replacement.__flatgather__, to_host)
+            else:
+                replacement = make_prefill(original)
+            patches.append(Patch(module, name, replacement))
+    applied = (TOKEN_IDS,) if patches else ()
+    return Prepared(patches=patches, applied=applied, notes=tuple(notes))
