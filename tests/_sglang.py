@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import flatgather.sglang
 import pytest
 import torch
 from conftest import RELEASE, ROW
@@ -35,11 +36,17 @@ STOCK_HIDDEN_TO_STORE = vars(LogitsProcessor)["_get_hidden_states_to_store"]
 STOCK_FORWARD = vars(LogitsProcessor)["forward"]
 
 
+def _stock_forward(self, *args, **kwargs):
+    with flatgather.sglang.module_functions_as_shipped():
+        return STOCK_FORWARD(self, *args, **kwargs)
+
+
 class StockLogitsProcessor(LogitsProcessor):
     """The release's own ``forward`` and helpers, whatever ``install()`` has
-    done to ``LogitsProcessor``: the oracle for whole forwards."""
+    done to ``LogitsProcessor`` and to the module-level functions it calls:
+    the oracle for whole forwards."""
 
-    forward = STOCK_FORWARD
+    forward = _stock_forward
     _get_pruned_states = STOCK_PRUNED_STATES
     _get_hidden_states_to_store = STOCK_HIDDEN_TO_STORE
 

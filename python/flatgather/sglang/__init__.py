@@ -19,13 +19,14 @@ covered by the test matrix. ``uninstall()`` puts the original objects back.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -50,6 +51,7 @@ __all__ = [
     "install",
     "installed_report",
     "is_installed",
+    "module_functions_as_shipped",
     "sglang_release",
     "uninstall",
 ]
@@ -305,6 +307,29 @@ def uninstall(timeout: float | None = None) -> bool:
         revert_all(state.patches)
         state.patches.clear()
         return True
+
+
+@contextlib.contextmanager
+def module_functions_as_shipped() -> Iterator[None]:
+    """Within it, the module-level functions that :func:`install` replaced
+    (the token-id input logprobs) are the release's own again, so that the
+    release's code can be run beside flatgather's in one process: the
+    bench's **stock** side, the tests' oracle. Not for serving: every thread
+    sees the swap."""
+    with _lock:
+        state = _state
+        patches = [] if state is None else [p for p in state.patches if _is_module(p.target)]
+    for patch in patches:
+        setattr(patch.target, patch.name, patch.original)
+    try:
+        yield
+    finally:
+        for patch in reversed(patches):
+            setattr(patch.target, patch.name, patch.new)
+
+
+def _is_module(target) -> bool:
+    return isinstance(target, ModuleType)
 
 
 def is_installed() -> bool:

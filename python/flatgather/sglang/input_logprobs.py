@@ -175,9 +175,14 @@ def make_chunk(
     if not plain or len(names) < _CHUNK_POSITIONS or not set(names[6:]) <= set(_CHUNK_KEYWORDS):
         raise TypeError(f"{original.__qualname__}{inspect.signature(original)}: not a known shape")
 
+    known = frozenset(names)
+
     @functools.wraps(original)
     def get_token_ids_logprobs_chunk(*args, **kwargs):
-        if len(args) > len(names) or not kwargs.keys() <= set(names):
+        # Decided first, so that handing a small chunk back costs next to nothing.
+        if len(args) > 2 and type(args[2]) is list and len(args[2]) < _MIN_REQUESTS:
+            return original(*args, **kwargs)
+        if len(args) > len(names) or not kwargs.keys() <= known:
             return original(*args, **kwargs)
         bound = {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
         if len(bound) != len(names):
