@@ -10,9 +10,14 @@ under each capture mode. Three processors run side by side:
 * **flatgather**: ``LogitsProcessor`` as ``install()`` left it (lazy aux
   pruning on where the probe verified it);
 * **eager**: a subclass patched the way ``install(lazy_aux=False)`` patches
-  it (``_get_pruned_states`` alone, from the same verified contract).
+  it (``_get_pruned_states`` alone, from the same verified contract);
+* **floor** (FULL capture only): what no patch of the logits step can skip,
+  flatgather's forward under NULL capture plus the release's own FULL store
+  (which packs the unpruned aux layers).
 
-Every output field of the three is checked bit-identical before timing.
+Batches ask for input logprobs only, or also for the top-5 and three
+token-id logprobs of every request. Every output field of the processors is
+checked bit-identical before timing.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import types
 
 import torch
 
+from flatgather import prune_plan
 from flatgather.bench.cases import DTYPES, Shape, lengths
 from flatgather.bench.sections import SECTIONS, Case, Planned
 from flatgather.bench.timing import Context, Mismatch, same
@@ -36,6 +42,12 @@ DTYPE = "bf16"
 LAYERS = 3
 
 
+# What each request asks for: input logprobs only, or with its top-5 and
+# the logprobs of three token ids at every scored row.
+INPUT, TOP_IDS = "input logprobs", "top-5 + 3 token ids"
+TOP_K, TOKEN_IDS = 5, [1, 2, 3]
+
+
 @dataclasses.dataclass(frozen=True)
 class Grid:
     batches: tuple[int, ...]
@@ -43,11 +55,12 @@ class Grid:
     captures: tuple[str, ...]
     aux: tuple[str, ...]
     max_tokens: int
+    logprobs: tuple[str, ...] = (INPUT, TOP_IDS)
 
 
 GRIDS = {
-    "quick": Grid((1, 64, 256), (16,), ("LAST", "NULL"), ("list",), 16384),
-    "default": Grid((1, 8, 64, 256, 1024), (16,), ("LAST", "NULL", "FULL"), ("list",), 32768),
+    "quick": Grid((1, 64, 256), (16,), ("LAST", "FULL"), ("list",), 16384, (TOP_IDS,)),
+    "default": Grid((1, 16, 256, 1024), (16,), ("LAST", "NULL", "FULL"), ("list",), 32768),
     "full": Grid(
         (1, 8, 64, 256, 1024), (16, 256), ("LAST", "NULL", "FULL"), ("list", "packed"), 32768
     ),
@@ -104,37 +117,38 @@ def next_token_ids(extend: list[int], start: list[int], input_ids: torch.Tensor)
     return out
 
 
-def metadata(ctx: Context, extend, start, capture: str, input_ids):
+def metadata(ctx: Context, extend, start, capture: str, input_ids, logprobs: str):
     sg = ctx.sglang
     b = len(extend)
+    more = logprobs == TOP_IDS
     return sg.lp.LogitsMetadata(
         forward_mode=sg.ForwardMode.EXTEND,
         capture_hidden_mode=getattr(sg.CaptureHiddenMode, capture),
         extend_return_logprob=True,
-        extend_return_top_logprob=False,
-        extend_token_ids_logprob=False,
+        extend_return_top_logprob=more,
+        extend_token_ids_logprob=more,
         extend_seq_lens=torch.tensor(extend, dtype=torch.int32, device=ctx.device),
         extend_seq_lens_cpu=list(extend),
         extend_logprob_start_lens_cpu=list(start),
         extend_logprob_pruned_lens_cpu=[e - s for e, s in zip(extend, start, strict=True)],
-        top_logprobs_nums=[0] * b,
-        token_ids_logprobs=[None] * b,
+        top_logprobs_nums=[TOP_K if more else 0] * b,
+        token_ids_logprobs=[list(TOKEN_IDS) if more else None for _ in range(b)],
         extend_input_logprob_token_ids_gpu=torch.tensor(
             next_token_ids(extend, start, input_ids), dtype=torch.int64, device=ctx.device
         ),
     )
 
 
-def series(capture: str, mean: int, aux: str) -> str:
-    return f"capture {capture}, mean prompt {mean} tokens, {LAYERS} aux layers ({aux})"
+def series(capture: str, mean: int, aux: str, logprobs: str) -> str:
+    return f"capture {capture}, {logprobs}, mean prompt {mean} tokens, {LAYERS} aux layers ({aux})"
 
 
 def outputs(output) -> dict:
     return {f.name: getattr(output, f.name) for f in dataclasses.fields(output)}
 
 
-def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind) -> dict:
-    label = series(capture, mean, aux_kind)
+def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, logprobs) -> dict:
+    label = series(capture, mean, aux_kind, logprobs)
     shape = Shape(batch, mean, HIDDEN, DTYPE, LAYERS, aux_kind)
     extend, start = lengths(shape, grid.max_tokens)
     rows = sum(extend)
@@ -154,13 +168,19 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind) -
     row = {
         "batch": batch,
         "series": label,
-        "params": {"batch": batch, "mean_extend": mean, "capture": capture, "aux": aux_kind},
+        "params": {
+            "batch": batch,
+            "mean_extend": mean,
+            "capture": capture,
+            "aux": aux_kind,
+            "logprobs": logprobs,
+        },
         "info": {"tokens": rows},
     }
     fns, results = {}, {}
     for name, cls in classes.items():
         processor = cls(config, skip_all_gather=True)
-        md = metadata(ctx, extend, start, capture, input_ids)
+        md = metadata(ctx, extend, start, capture, input_ids, logprobs)
         ids = input_ids.to(device)
 
         def call(processor=processor, md=md, ids=ids):
@@ -184,14 +204,104 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind) -
     for name in ("flatgather", "eager"):
         if not same(results[name], results["stock"]):
             raise Mismatch(f"{name} forward differs from SGLang's own on B={batch}, {label}")
+    if capture == "FULL":
+        fns["floor"] = floor(
+            ctx,
+            classes["flatgather"],
+            config,
+            extend,
+            start,
+            input_ids,
+            logprobs,
+            hidden,
+            lm_head,
+            aux,
+        )
     row["info"]["logprobs"] = int(results["stock"]["input_token_logprobs"].shape[0])
+    kept = prune_plan(extend, start).num_pruned
+    row["info"]["chunks"] = logprob_chunks(classes["stock"](config, skip_all_gather=True), kept)
     row.update(ctx.timer.measure(fns, SECTION.counted))
     return row
+
+
+def floor(ctx, cls, config, extend, start, input_ids, logprobs, hidden, lm_head, aux):
+    """flatgather's forward under NULL capture, then the release's own FULL
+    store of the same batch: what a FULL forward cannot do without."""
+    sg = ctx.sglang
+    name = "_get_hidden_states_to_store"
+    store = sg.stock.get(name) or vars(sg.lp.LogitsProcessor)[name]
+    processor = cls(config, skip_all_gather=True)
+    null = metadata(ctx, extend, start, "NULL", input_ids, logprobs)
+    full = metadata(ctx, extend, start, "FULL", input_ids, logprobs)
+    ids = input_ids.to(ctx.device)
+
+    def call():
+        processor.forward(ids, hidden, lm_head, null, aux_hidden_states=aux)
+        return store(processor, hidden, None, aux, None, None, None, None, full)
+
+    return call
+
+
+def _constant_in_batch(measured: list[dict], key: str) -> tuple[bool, str]:
+    """Whether flatgather's ``key`` count (aten ops, host syncs) is the
+    same at every B >= 2 of each series with as many logprob chunks, and the
+    counts seen (by chunks)."""
+    by: dict[tuple, dict[int, int]] = {}
+    for r in measured:
+        by.setdefault((r["series"], r["info"]["chunks"]), {})[r["batch"]] = r[key]["flatgather"]
+    constant = all(len({n for b, n in counts.items() if b >= 2}) <= 1 for counts in by.values())
+    seen: dict[int, set] = {}
+    for (_, chunks), counts in by.items():
+        seen.setdefault(chunks, set()).update(counts.values())
+    text = "; ".join(
+        f"{chunks} chunk{'s' if chunks > 1 else ''}: {', '.join(map(str, sorted(ns)))}"
+        for chunks, ns in sorted(seen.items())
+    )
+    return constant, text
+
+
+def logprob_chunks(processor, kept: int) -> int:
+    """How many chunks the release's input-logprob code cuts ``kept`` rows
+    into (its own settings: chunked from 0.5.16 on by default)."""
+    owner = getattr(processor, "input_logprob_processor", processor)
+    size = getattr(owner, "logprobs_chunk_size", 0)
+    if not getattr(owner, "enable_logprobs_chunk", False) or kept <= size:
+        return 1
+    return -(-kept // size)
 
 
 def finish(rows: list[dict]) -> dict:
     measured = [r for r in rows if "ratios" in r]
     out = []
+    for key, what in (("aten_ops", "non-view aten ops"), ("syncs", "host syncs")):
+        if measured:
+            constant, seen = _constant_in_batch(measured, key)
+            out.append(
+                {
+                    "name": (
+                        f"flatgather's {what} per forward the same at every B >= 2 "
+                        "(for as many logprob chunks)"
+                    ),
+                    "met": constant,
+                    "got": f"{seen} (per series)",
+                }
+            )
+    floors = [
+        r
+        for r in measured
+        if "flatgather/floor" in r["ratios"]
+        and r["params"]["logprobs"] == TOP_IDS
+        and r["batch"] in (256, 1024)
+    ]
+    if floors:
+        worst = max(r["ratios"]["flatgather/floor"]["median"] for r in floors)
+        out.append(
+            {
+                "name": "FULL, top-5 + token ids: fg within 1.2x of its floor at B 256 and 1024",
+                "met": worst <= 1.2,
+                "got": f"at most {worst:.2f}x",
+            }
+        )
     if measured:
         slower = [r for r in measured if r["ratios"]["stock/flatgather"]["high"] < 1.0]
         worst = min(r["ratios"]["stock/flatgather"]["median"] for r in measured)
@@ -202,13 +312,13 @@ def finish(rows: list[dict]) -> dict:
                 "got": f"min {worst:.2f}x" + (f", {len(slower)} slower" if slower else ""),
             }
         )
-        lazy = [r for r in measured if r["params"]["capture"] != "FULL"]
+        lazy = [r for r in measured if "eager/flatgather" in r["ratios"]]
         if lazy:
             lost = [r for r in lazy if r["ratios"]["eager/flatgather"]["high"] < 1.0]
             gain = [r["ratios"]["eager/flatgather"]["median"] for r in lazy]
             out.append(
                 {
-                    "name": "lazy aux pruning never slower than eager (LAST, NULL capture)",
+                    "name": "lazy aux pruning never slower than eager",
                     "met": not lost,
                     "got": f"{min(gain):.2f}x to {max(gain):.2f}x",
                 }
@@ -224,7 +334,10 @@ def plan(ctx: Context, size: str) -> Planned:
     aux_kinds = [a for a in grid.aux if a != "packed" or sg.contract.packed_aux]
     notes = [
         f"Processor: hidden {HIDDEN}, {DTYPE}, vocabulary {VOCAB}, {LAYERS} aux layers; "
-        "input logprobs for every request, no top-k or token-id logprobs."
+        f"input logprobs for every request, and in the `{TOP_IDS}` series its top-{TOP_K} "
+        f"and the logprobs of token ids {TOKEN_IDS} at every scored row. **floor** (FULL "
+        "capture): flatgather's forward under NULL capture plus the release's own FULL store "
+        "(the unpruned aux layers packed), which no patch of this step can skip."
     ]
     if not sg.report.lazy_aux:
         notes.append(
@@ -234,10 +347,11 @@ def plan(ctx: Context, size: str) -> Planned:
     notes += sg.stock_notes()
     cases = [
         Case(
-            f"B={b} {series(capture, mean, aux)}",
-            functools.partial(measure, ctx, grid, classes, b, mean, capture, aux),
+            f"B={b} {series(capture, mean, aux, kind)}",
+            functools.partial(measure, ctx, grid, classes, b, mean, capture, aux, kind),
         )
         for aux in aux_kinds
+        for kind in grid.logprobs
         for capture in grid.captures
         for mean in grid.mean_extends
         for b in grid.batches

@@ -6,10 +6,13 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import sys
 from contextlib import nullcontext
 
 import torch
 
+from flatgather.sglang import input_logprobs_check
+from flatgather.sglang.input_logprobs import CHUNK, PREFILL
 from flatgather.sglang.standins import Unpinned, install_sgl_kernel_stand_in
 
 DRAFT_MODULE = "sglang.srt.speculative.eagle_worker_v2"
@@ -41,10 +44,19 @@ class SGLang:
             self._import_draft_worker()
         cls = lp.LogitsProcessor
         before = dict(vars(cls))
+        modules = [sys.modules[m] for m in input_logprobs_check.MODULES if m in sys.modules]
+        functions = {(m, name): vars(m).get(name) for m in modules for name in (CHUNK, PREFILL)}
         self.report = fs.install()
         after = vars(cls)
         self.stock = {name: value for name, value in before.items() if after.get(name) is not value}
         """The release's own attributes that ``install()`` replaced."""
+        self.token_ids = {
+            f"{m.__name__}.{name}": (stock, vars(m)[name])
+            for (m, name), stock in functions.items()
+            if stock is not None and vars(m)[name] is not stock
+        }
+        """The token-id input-logprob functions ``install()`` replaced, by
+        where they live: (the release's own, flatgather's)."""
         self.fg_pruned = after["_get_pruned_states"]
         if self.draft_module is not None:
             # install() patched the worker at once: it was imported already.
@@ -115,7 +127,12 @@ class SGLang:
         return self.fg_pruned(None, hidden, before_norm, aux, md)
 
     def run_stock(self, fn):
-        with self._no_pin() if self._no_pin is not None else nullcontext():
+        """``fn()`` as the release runs it: the module-level functions
+        ``install()`` replaced are the release's own for its duration."""
+        with (
+            self.fs.module_functions_as_shipped(),
+            self._no_pin() if self._no_pin is not None else nullcontext(),
+        ):
             return fn()
 
     def stock_notes(self) -> list[str]:

@@ -114,7 +114,14 @@ def columns(section: dict, cuda: bool) -> list[tuple[str, callable]]:
         cols.append((header, lambda row, key=key: fmt_info(row["info"].get(key, ""))))
     unit = " (GPU)" if cuda else ""
     for key, name in section["variants"].items():
-        cols.append((f"{name}{unit}", lambda row, key=key: fmt_time(row["time"][key]["median"])))
+        cols.append(
+            (
+                f"{name}{unit}",
+                lambda row, key=key: (
+                    fmt_time(row["time"][key]["median"]) if key in row["time"] else ""
+                ),
+            )
+        )
     for r in section["ratios"]:
         cols.append(
             (
@@ -132,6 +139,12 @@ def columns(section: dict, cuda: bool) -> list[tuple[str, callable]]:
         (
             f"aten ops {names}",
             lambda row: "/".join(str(row["aten_ops"].get(k, "")) for k in counted),
+        )
+    )
+    cols.append(
+        (
+            f"host syncs {names}",
+            lambda row: "/".join(str(row.get("syncs", {}).get(k, "")) for k in counted),
         )
     )
     if cuda:
@@ -280,8 +293,10 @@ READING = """\
   bootstrap interval in brackets. `stock/fg` above 1 means flatgather is faster. A `?` marks an
   interval that holds 1.0: that row cannot say which side is faster.
 - `fg/memcpy` is the distance to the bound (a plain copy of the same bytes): 1.0 is the bound.
-- **aten ops** counts the torch operations one call dispatches (stock/fg); on a GPU each is
-  at least one kernel launch, which is why the `host-cost` section matters there.
+- **aten ops** counts the torch operations one call dispatches, views not counted (stock/fg);
+  on a GPU each is at least one kernel launch or copy, which is why the `host-cost` section
+  matters there. **host syncs** counts the `Tensor.tolist` and `Tensor.item` calls of one
+  call: on a GPU each waits for the device.
 - **B** is the batch size (requests); **tokens** the rows of `hidden_states`; **kept rows**
   the rows the logprob branch keeps; **MiB gathered** the bytes it copies; **input
   logprobs** the input logprobs `forward` returns.

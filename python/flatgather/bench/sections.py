@@ -162,13 +162,16 @@ SECTIONS: dict[str, Section] = {
             title="`LogitsProcessor.forward`: the whole prefill step",
             about=(
                 "The release's whole `LogitsProcessor.forward` on a CPU-sized processor (tiny "
-                "vocabulary, so the LM head does not drown the rest), input logprobs asked for, "
-                "3 EAGLE3 aux layers, under each capture mode of the hidden states: SGLang as "
-                "shipped (**stock**), flatgather as `install()` patches it (**fg**, lazy aux "
-                "pruning on) and as `install(lazy_aux=False)` patches it (**fg eager**)."
+                "vocabulary, so the LM head does not drown the rest), input logprobs asked for "
+                "(alone, or with top-5 and token-id logprobs), 3 EAGLE3 aux layers, under each "
+                "capture mode of the hidden states: SGLang as shipped (**stock**), flatgather "
+                "as `install()` patches it (**fg**, lazy aux pruning on) and as "
+                "`install(lazy_aux=False)` patches it (**fg eager**); under FULL capture also "
+                "its **floor**: flatgather's forward under NULL capture plus the release's own "
+                "FULL store (the unpruned aux layers packed), which nothing may skip."
             ),
             module="flatgather.bench.forward",
-            variants={"stock": "stock", "flatgather": "fg", "eager": "fg eager"},
+            variants={"stock": "stock", "flatgather": "fg", "eager": "fg eager", "floor": "floor"},
             ratios=(
                 Ratio(
                     "stock",
@@ -185,8 +188,41 @@ SECTIONS: dict[str, Section] = {
                     plot=", lazy aux off",
                 ),
                 Ratio("eager", "flatgather", "eager/fg", "lazy aux pruning saves time"),
+                Ratio(
+                    "flatgather",
+                    "floor",
+                    "fg/floor",
+                    "distance to the floor (1 = at it)",
+                    decisive=False,
+                ),
             ),
-            info=(("tokens", "tokens"), ("logprobs", "input logprobs")),
+            info=(("tokens", "tokens"), ("logprobs", "input logprobs"), ("chunks", "chunks")),
+        ),
+        Section(
+            name="logprobs",
+            title="Token-id input logprobs",
+            about=(
+                "The token-id input-logprob functions `install()` replaced, called as the "
+                "release's input-logprob code calls them on one chunk: SGLang's own (**stock**) "
+                "against flatgather's one plan, one gather and one `.tolist()` (**fg**). Every "
+                "request asks for three token ids at each scored row. Where the release ships "
+                "the unused `get_token_ids_logprobs_batch_optimized`, it is timed on the "
+                "one-row-per-request series (**batch_opt**; its answer holds tensors, so it is "
+                "not compared)."
+            ),
+            module="flatgather.bench.logprobs",
+            variants={"stock": "stock", "flatgather": "fg", "batch_opt": "batch_opt"},
+            ratios=(
+                STOCK_FG,
+                Ratio(
+                    "batch_opt",
+                    "flatgather",
+                    "batch_opt/fg",
+                    "flatgather beats the release's unused vectorised function",
+                ),
+            ),
+            info=(("rows", "rows"), ("values", "values")),
+            counted=("stock", "flatgather", "batch_opt"),
         ),
         Section(
             name="rotation",

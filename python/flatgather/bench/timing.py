@@ -5,7 +5,9 @@ main figure is device time between two CUDA events around ``k`` calls; the
 host time per call (the time the Python thread is busy issuing them, the
 queue drained outside the timed region) and the GPU operations per call
 (kernels and copies, counted with ``torch.profiler``) come with it. Aten ops
-per call are counted on every device.
+per call (those that are not views) and host syncs per call (``Tensor.tolist``
+and ``Tensor.item`` calls: on a GPU each waits for the device) are counted on
+every device.
 """
 
 from __future__ import annotations
@@ -27,15 +29,41 @@ class _CountOps(TorchDispatchMode):
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
+        if not func.is_view:
+            self.count += 1
         return func(*args, **(kwargs or {}))
 
 
 def aten_ops(fn: Callable[[], object]) -> int:
-    """Aten operations one call dispatches."""
+    """Aten operations one call dispatches, views not counted (they launch
+    nothing)."""
     with _CountOps() as counter:
         fn()
     return counter.count
+
+
+def host_syncs(fn: Callable[[], object]) -> int:
+    """``Tensor.tolist`` and ``Tensor.item`` calls one call makes: on a GPU,
+    each waits for the device."""
+    calls = 0
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "item")}
+
+    def counting(original):
+        def counted(tensor, *args):
+            nonlocal calls
+            calls += 1
+            return original(tensor, *args)
+
+        return counted
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, counting(original))
+    try:
+        fn()
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+    return calls
 
 
 def cuda_clock(fn: Callable[[], object], k: int) -> float:
@@ -116,6 +144,7 @@ class Timer:
             out["host_time"] = {k: v.to_dict() for k, v in host.items()}
             out["launches"] = {k: gpu_ops(fns[k]) for k in counted if k in fns}
         out["aten_ops"] = {k: aten_ops(fns[k]) for k in counted if k in fns}
+        out["syncs"] = {k: host_syncs(fns[k]) for k in counted if k in fns}
         return out
 
     def sync(self) -> None:
