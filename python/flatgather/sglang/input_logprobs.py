@@ -121,12 +121,16 @@ def token_ids(
         return None  # nothing to copy; the release's empty spans keep their dtype
     values = None
     if n:
-        index = stage(plan.buffer_len(), plan.fill, device)
-        row = index[:n]
-        values = logprobs[row, index[n:]]
+        rows = normalizer is not None
+        index = stage(plan.buffer_len(rows), functools.partial(plan.fill, rows=rows), device)
+        # take() reads the logprobs in row-major order, whatever their strides.
+        values = logprobs.take(index[:n])
         if normalizer is not None:
+            row = index[n:]
             row_max, row_log_sum = normalizer
-            values = (values.float() - row_max[row]) - row_log_sum[row]
+            values = (values.float() - row_max.index_select(0, row)) - row_log_sum.index_select(
+                0, row
+            )
     if to_host is None:
         plan.nest([] if values is None else values.tolist(), ids_lists, val_out, idx_out)
     else:

@@ -25,15 +25,15 @@ fn bench_token_ids(c: &mut Criterion) {
             let ids: Vec<Option<&[i64]>> = vec![Some(&IDS[..]); b];
             let walk = Walk::chunk(rows, 0);
             let plan = TokenIdsPlan::new(&lens, &ids, 1024, walk).unwrap();
-            let mut out = vec![0i64; 2 * plan.num_values()];
+            let mut out = vec![0i64; plan.buffer_len(false)];
             group.throughput(Throughput::Elements(plan.num_values() as u64));
             let id = BenchmarkId::new(format!("B={b}"), format!("{}values", plan.num_values()));
             // What the binding does per call (past reading the Python lists):
-            // walk the requests, then write every (row, id) pair.
+            // walk the requests, then write the flat index of every value.
             group.bench_with_input(id, &lens, |bench, lens| {
                 bench.iter(|| {
                     let plan = TokenIdsPlan::new(black_box(lens), &ids, 1024, walk).unwrap();
-                    plan.fill(black_box(&mut out)).unwrap();
+                    plan.fill(black_box(&mut out), false).unwrap();
                 })
             });
         }

@@ -244,9 +244,30 @@ pub fn check_token_ids(
         return Err(format!("next_split {}, want {split}", plan.next_split()));
     }
     let (rows, cols) = (plan.rows(), plan.cols());
+    let n = plan.num_values();
+    let vocab = plan.vocab();
+    let mut buf = vec![-1i64; plan.buffer_len(true) + 1];
+    plan.fill(&mut buf, true).map_err(|e| e.to_string())?;
+    if buf[2 * n] != -1 || buf[n..2 * n] != rows[..] {
+        return Err("fill wrote other rows, or past its buffer".into());
+    }
+    for (i, (&row, &id)) in rows.iter().zip(&cols).enumerate() {
+        if buf[i] != row * vocab + id.rem_euclid(vocab) {
+            return Err(format!(
+                "value {i}: flat index {}, row {row}, id {id}",
+                buf[i]
+            ));
+        }
+    }
+    let mut flat_only = vec![-1i64; plan.buffer_len(false) + 1];
+    plan.fill(&mut flat_only, false)
+        .map_err(|e| e.to_string())?;
+    if flat_only[..n] != buf[..n] || flat_only[n] != -1 {
+        return Err("fill without rows wrote other values, or past its part".into());
+    }
     let pairs: Vec<(i64, i64)> = rows.into_iter().zip(cols).collect();
-    if pairs.len() != plan.num_values() {
-        return Err("fill wrote a number of values other than num_values".into());
+    if pairs.len() != n {
+        return Err("a number of values other than num_values".into());
     }
     let mut got: Vec<ModelEntry> = Vec::new();
     for entry in plan.entries() {

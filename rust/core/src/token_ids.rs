@@ -7,7 +7,8 @@
 //! list per row, holding the logprob of each id in `token_ids[i]`. The
 //! release gathers request by request (or row by row); a [`TokenIdsPlan`]
 //! lists every `(row, column)` pair of the batch, in the order the values
-//! nest, so that one gather reads them all:
+//! nest, as flat indices into the row-major logprobs (`row * vocab + id`),
+//! so that one gather (a `take`) reads them all:
 //!
 //! ```
 //! use flatgather_core::{Entry, TokenIdsPlan, Walk};
@@ -17,6 +18,9 @@
 //! let plan = TokenIdsPlan::new(&[2, 1], &ids, 16, Walk::chunk(3, 0)).unwrap();
 //! assert_eq!(plan.rows(), vec![0, 0, 1, 1]);
 //! assert_eq!(plan.cols(), vec![7, 3, 7, 3]);
+//! let mut flat = vec![0; plan.buffer_len(false)];
+//! plan.fill(&mut flat, false).unwrap();
+//! assert_eq!(flat, vec![7, 3, 23, 19]);
 //! assert_eq!(plan.entries()[1], Entry::Rows { request: 1, rows: 0, width: 0, value: 4, extend: false });
 //! ```
 //!
@@ -103,6 +107,7 @@ pub struct TokenIdsPlan {
     spans: Vec<(i64, Range<usize>)>,
     /// The ids of every entry with values, one after the other.
     ids: Vec<i64>,
+    vocab: i64,
     next_split: i64,
     num_values: usize,
 }
@@ -123,6 +128,7 @@ impl TokenIdsPlan {
             ids: Vec::new(),
             next_split: 0,
             num_values: 0,
+            vocab,
         };
         if walk.skip_empty && walk.rows == 0 {
             return Ok(plan);
@@ -197,60 +203,85 @@ impl TokenIdsPlan {
         self.next_split
     }
 
-    /// Values gathered: the length of [`rows`](Self::rows) and
-    /// [`cols`](Self::cols).
+    /// Values gathered: the length of each part of the buffer.
     pub fn num_values(&self) -> usize {
         self.num_values
     }
 
-    /// Writes the row index of every value, then its column (token id),
-    /// into `out`: `2 * num_values` values. Values past them are left alone.
-    pub fn fill(&self, out: &mut [i64]) -> Result<(), PlanError> {
-        let n = self.num_values;
-        if out.len() < 2 * n {
-            return Err(PlanError::BufferTooSmall {
-                needed: 2 * n,
-                got: out.len(),
-            });
-        }
-        let (rows, rest) = out.split_at_mut(n);
-        let cols = &mut rest[..n];
-        let mut at = 0;
+    /// The logprobs' width the ids were checked against.
+    pub fn vocab(&self) -> i64 {
+        self.vocab
+    }
+
+    /// Calls `visit(row, id)` for every value, in order.
+    fn each(&self, mut visit: impl FnMut(i64, i64)) {
         // One span per entry with values, in order.
         let mut spans = self.spans.iter();
         for entry in &self.entries {
-            let Entry::Rows {
-                rows: count, width, ..
-            } = *entry
-            else {
+            let Entry::Rows { rows, width, .. } = *entry else {
                 continue;
             };
-            if count == 0 || width == 0 {
+            if rows == 0 || width == 0 {
                 continue;
             }
             let (first, ids) = spans.next().expect("one span per entry with values");
-            let ids = &self.ids[ids.clone()];
-            for row in *first..*first + count {
-                rows[at..at + width].fill(row);
-                cols[at..at + width].copy_from_slice(ids);
-                at += width;
+            for row in *first..*first + rows {
+                for &id in &self.ids[ids.clone()] {
+                    visit(row, id);
+                }
             }
+        }
+    }
+
+    /// Buffer length: the flat index of every value and, `with_rows`,
+    /// its row after them.
+    pub fn buffer_len(&self, with_rows: bool) -> usize {
+        self.num_values * if with_rows { 2 } else { 1 }
+    }
+
+    /// Writes into `out` the flat index of every value into the row-major
+    /// logprobs (`row * vocab + id`, a negative id counted from the end of
+    /// its row) and, `with_rows`, the row of every value after them. Values
+    /// past them are left alone.
+    pub fn fill(&self, out: &mut [i64], with_rows: bool) -> Result<(), PlanError> {
+        let n = self.num_values;
+        let needed = self.buffer_len(with_rows);
+        if out.len() < needed {
+            return Err(PlanError::BufferTooSmall {
+                needed,
+                got: out.len(),
+            });
+        }
+        let (flat, rest) = out.split_at_mut(n);
+        let vocab = self.vocab;
+        let mut at = 0;
+        if with_rows {
+            let rows = &mut rest[..n];
+            self.each(|row, id| {
+                flat[at] = row * vocab + if id < 0 { id + vocab } else { id };
+                rows[at] = row;
+                at += 1;
+            });
+        } else {
+            self.each(|row, id| {
+                flat[at] = row * vocab + if id < 0 { id + vocab } else { id };
+                at += 1;
+            });
         }
         Ok(())
     }
 
     /// The row of every value, in order.
     pub fn rows(&self) -> Vec<i64> {
-        let mut out = vec![0; 2 * self.num_values];
-        self.fill(&mut out).expect("sized to the plan");
-        out.truncate(self.num_values);
+        let mut out = Vec::with_capacity(self.num_values);
+        self.each(|row, _| out.push(row));
         out
     }
 
-    /// The column (token id) of every value, in order.
+    /// The column (token id, as asked) of every value, in order.
     pub fn cols(&self) -> Vec<i64> {
-        let mut out = vec![0; 2 * self.num_values];
-        self.fill(&mut out).expect("sized to the plan");
-        out.split_off(self.num_values)
+        let mut out = Vec::with_capacity(self.num_values);
+        self.each(|_, id| out.push(id));
+        out
     }
 }

@@ -528,15 +528,19 @@ impl PyTokenIdsPlan {
         )
     }
 
-    /// The `int64` count of the buffer: `rows | ids`, `num_values` each.
-    fn buffer_len(&self) -> usize {
-        2 * self.plan.num_values()
+    /// The `int64` count of the buffer: the flat indices and, with
+    /// `rows=True`, the row of each after them.
+    #[pyo3(signature = (rows=false))]
+    fn buffer_len(&self, rows: bool) -> usize {
+        self.plan.buffer_len(rows)
     }
 
-    /// Writes the rows, then the ids, into `out` in place.
-    fn fill(&self, out: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Writes the flat indices (`row * vocab + id`) into `out` in place, and
+    /// with `rows=True` the rows after them.
+    #[pyo3(signature = (out, rows=false))]
+    fn fill(&self, out: &Bound<'_, PyAny>, rows: bool) -> PyResult<()> {
         let plan = &self.plan;
-        with_output(out, self.buffer_len(), |dst| plan.fill(dst))
+        with_output(out, plan.buffer_len(rows), |dst| plan.fill(dst, rows))
     }
 
     /// The entries, in order: None for a fresh empty entry, else
