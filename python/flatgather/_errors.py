@@ -21,6 +21,9 @@ KINDS = frozenset(
         "row_mismatch",
         "plan_too_large",
         "buffer_too_small",
+        "bad_shape",
+        "token_id_out_of_range",
+        "left_to_release",
         # From the Python boundary.
         "bad_container",
         "bad_argument",

@@ -82,6 +82,9 @@ pub enum PlanError {
     PlanTooLarge { bytes: u64 },
     /// An output buffer is too short for the plan.
     BufferTooSmall { needed: usize, got: usize },
+    /// The logprobs' shape `[rows, vocab]` is not one a tensor has, or its
+    /// flat indices would not fit in `int64`.
+    BadShape { rows: i64, vocab: i64 },
     /// A requested token id lies outside `[-vocab, vocab)`.
     TokenIdOutOfRange { request: usize, id: i64, vocab: i64 },
     /// Input the release's own code gives its own meaning (an exception, a
@@ -118,6 +121,7 @@ impl PlanError {
             PlanError::RowMismatch { .. } => "row_mismatch",
             PlanError::PlanTooLarge { .. } => "plan_too_large",
             PlanError::BufferTooSmall { .. } => "buffer_too_small",
+            PlanError::BadShape { .. } => "bad_shape",
             PlanError::TokenIdOutOfRange { .. } => "token_id_out_of_range",
             PlanError::LeftToRelease { .. } => "left_to_release",
         }
@@ -214,6 +218,11 @@ impl fmt::Display for PlanError {
             PlanError::BufferTooSmall { needed, got } => write!(
                 f,
                 "the output buffer holds {got} int64 values, the plan needs {needed}"
+            ),
+            PlanError::BadShape { rows, vocab } => write!(
+                f,
+                "logprobs of shape [{rows}, {vocab}]: rows must be at least 0, the vocabulary \
+                 positive, and rows * vocab within int64"
             ),
             PlanError::TokenIdOutOfRange { request, id, vocab } => write!(
                 f,

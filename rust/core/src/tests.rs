@@ -343,6 +343,11 @@ fn token_ids_refusals_name_the_request() {
     let err =
         TokenIdsPlan::new(&[1, 2], &ids_of(&[Some(vec![1]), Some(vec![1])]), 9, whole).unwrap_err();
     assert_eq!((err.kind(), err.request()), ("left_to_release", Some(1)));
+    // Shapes no tensor has, or whose flat indices overflow int64.
+    for (rows, vocab) in [(2, 0), (2, -1), (-1, 9), (i64::MAX, 2), (2, i64::MIN)] {
+        let err = TokenIdsPlan::new(&[1, 1], &ids, vocab, Walk::chunk(rows, 0)).unwrap_err();
+        assert_eq!((err.kind(), err.request()), ("bad_shape", None));
+    }
     // A request with nothing to score needs no ids, even in a whole walk.
     assert!(TokenIdsPlan::new(&[0, 2], &[None, Some(&[1][..])], 9, whole).is_ok());
 }

@@ -130,6 +130,14 @@ impl TokenIdsPlan {
             num_values: 0,
             vocab,
         };
+        // Every flat index `row * vocab + id` must fit: rows and vocab from
+        // a real tensor's shape always do.
+        if vocab <= 0 || walk.rows < 0 || walk.rows.checked_mul(vocab).is_none() {
+            return Err(PlanError::BadShape {
+                rows: walk.rows,
+                vocab,
+            });
+        }
         if walk.skip_empty && walk.rows == 0 {
             return Ok(plan);
         }
@@ -159,7 +167,7 @@ impl TokenIdsPlan {
                 });
             }
             if rows < len {
-                plan.next_split = split + rows;
+                plan.next_split = split.saturating_add(rows);
             }
             let (rows, width) = match ids {
                 Some(ids) if rows > 0 => (rows, ids.len()),
@@ -174,7 +182,11 @@ impl TokenIdsPlan {
                     return Err(PlanError::TokenIdOutOfRange { request, id, vocab });
                 }
                 let values = (rows as u64).saturating_mul(width as u64);
-                check_size(2 * (plan.num_values as u64).saturating_add(values))?;
+                check_size(
+                    (plan.num_values as u64)
+                        .saturating_add(values)
+                        .saturating_mul(2),
+                )?;
                 let start = plan.ids.len();
                 plan.ids.extend_from_slice(ids);
                 plan.spans.push((pt, start..plan.ids.len()));
