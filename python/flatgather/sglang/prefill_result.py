@@ -61,10 +61,17 @@ stand-ins: requests and batches that hold what the logprob code reads;
 ``self`` with the class's own logprob methods (every method whose name says
 ``logprob`` that the method calls, and what those call), the logprob
 processor of 0.5.13 on likewise, and an inert object for any other
-collaborator (KV cache, metrics, streaming); the module-level functions the
-method calls (``release_kv_cache``, ``get_memory``, ...) are inert too, by
-running the same code object with an overlaid globals dict. The loop, the
-skip branch and the logprob consumers are the release's own code.
+collaborator (KV cache, metrics, streaming). The module-level functions that
+the method and those logprob methods call (``release_kv_cache``,
+``get_memory``, and ``get_exec``, which the count of 0.5.17 to 0.5.20 reads
+first) are inert too: each runs as its own code object over an overlaid
+globals dict. The loop, the skip branch and the logprob consumers are the
+release's own code. Each request's rows carry values of its own, so a
+shifted block shows; the first probe also checks that a request receives its
+own rows at all, or the check could not see a shift. Which requests the
+release skips is told by running it on each alone (a finished middle chunk is
+skipped up to 0.5.13 and drained from 0.5.14). The whole check takes about
+4 ms.
 """
 
 from __future__ import annotations
