@@ -47,8 +47,12 @@ def test_install_reports_what_it_verified_and_applied():
     assert report.verified_by == "probe and test matrix"
     assert report.lazy_aux
     assert ("aux-logprob-prune" in report.backports) is not PRUNES_AUX
-    # The draft worker's backport too, if another test imported its module.
-    assert set(report.backports) <= {"aux-logprob-prune", "draft-prefill-no-logprob"}
+    # The draft worker's and the scheduler's too, if another test imported their modules.
+    assert set(report.backports) <= {
+        "aux-logprob-prune",
+        "draft-prefill-no-logprob",
+        "prefill-skip-logprob-pt",
+    }
     assert report.probe_seconds > 0
     ours = {
         f"{lp.__name__}.LogitsProcessor.{name}"
@@ -60,8 +64,12 @@ def test_install_reports_what_it_verified_and_applied():
     if hasattr(lp, "get_token_ids_logprobs_prefill"):
         ours.add(f"{lp.__name__}.get_token_ids_logprobs_prefill")
     assert ours <= set(report.patched)
-    # Anything else is the draft worker's, patched now if another test imported it.
-    assert all("eagle_worker_v2" in where for where in set(report.patched) - ours)
+    # Anything else is the draft worker's or the scheduler's, patched now if
+    # another test imported its module.
+    assert all(
+        where.endswith(("._draft_extend_for_prefill", ".process_batch_result_prefill"))
+        for where in set(report.patched) - ours
+    ), report.patched
 
 
 @pytest.mark.matrix

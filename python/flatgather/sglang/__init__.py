@@ -12,7 +12,10 @@ True
 flatgather's on small CPU batches), then ``LogitsProcessor`` is patched with
 the contract the probe verified, and the V2 draft worker's prefill
 (:mod:`flatgather.sglang.draft_prefill`) is rewritten when
-``eagle_worker_v2`` is imported, after its own check. The release table
+``eagle_worker_v2`` is imported, after its own check, and so is the
+scheduler's ``process_batch_result_prefill``
+(:mod:`flatgather.sglang.prefill_result`) where it serves later requests
+another's input logprobs (SGLang issue #36938). The release table
 (:mod:`flatgather.sglang.releases`) only says whether the release is also
 covered by the test matrix. ``uninstall()`` puts the original objects back.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.machinery
 import logging
 import sys
 import threading
@@ -31,7 +35,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from flatgather import _import_hooks
-from flatgather.sglang import draft_prefill, input_logprobs_check, probe, releases
+from flatgather.sglang import draft_prefill, input_logprobs_check, prefill_result, probe, releases
 from flatgather.sglang.patching import Patch, Prepared, apply_all, revert_all
 from flatgather.sglang.probe import ProbeFailed, Verdict
 from flatgather.sglang.pruned_states import (
@@ -88,7 +92,8 @@ class InstallReport:
     """Under FULL capture no aux row is gathered (verified: the release's
     FULL store reads none)."""
     backports: tuple[str, ...] = ()
-    """Fixes of SGLang PR #21589 applied so far."""
+    """SGLang fixes applied so far: PR #21589's two, issue #36938's
+    (:data:`flatgather.sglang.prefill_result.FIX`)."""
     notes: tuple[str, ...] = ()
     """What was left stock, and why; how the probe ran."""
     probe_seconds: float = 0.0
@@ -172,7 +177,32 @@ def _table_notes(release: str | None, contract: Contract) -> list[str]:
 # patches on its own. Each runs once, when (or if) that module is imported.
 DEFERRED: tuple[tuple[str, Callable[[ModuleType], Prepared]], ...] = (
     (draft_prefill.MODULE, draft_prefill.prepare),
+    # process_batch_result_prefill: in the mixin up to 0.5.12, in the batch
+    # result processor from 0.5.13; a release has one of the two modules.
+    *((name, prefill_result.prepare) for name in prefill_result.MODULES),
 )
+
+
+def _absent(name: str) -> bool:
+    """Whether the installed SGLang has no module ``name``, told from the
+    packages already imported without importing anything."""
+    if name in sys.modules:
+        return False
+    parts = name.split(".")
+    for depth in range(len(parts) - 1, 0, -1):
+        package = sys.modules.get(".".join(parts[:depth]))
+        if package is None:
+            continue
+        path = getattr(package, "__path__", None)
+        for k in range(depth, len(parts)):
+            if path is None:
+                return True  # a module where a package would have to be
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: k + 1]), path)
+            if spec is None:
+                return True
+            path = spec.submodule_search_locations
+        return False
+    return False
 
 
 def _on_import(state: _Installed, prepare, module) -> None:
@@ -257,6 +287,8 @@ def install(
             state.patches.extend(apply_all(patches))
             state.backports.extend(verdict.contract.backports)
             for module_name, prepare in DEFERRED:
+                if _absent(module_name):
+                    continue
                 on_import = functools.partial(_on_import, state, prepare)
                 state.pending[module_name] = on_import
                 _import_hooks.when_imported(module_name, on_import)

@@ -53,6 +53,9 @@ class Release:
     token_ids_skip_empty: bool = False
     """The token-id input-logprob functions append no entry for a request
     that gets no values, and none for an empty chunk (up to 0.5.15)."""
+    skip_advances_logprob_pt: bool = False
+    """SGLang issue #36938 fixed: ``process_batch_result_prefill`` advances
+    the input-logprob cursor over the requests it skips (no release yet)."""
     pins: tuple[str, ...] = ()
     """Packages installed next to the release (``--no-deps``) so that it
     imports on a CPU machine with the shared test environment."""
@@ -62,12 +65,14 @@ class Release:
 
     @property
     def backports(self) -> tuple[str, ...]:
-        """The fixes of SGLang PR #21589 that ``install()`` applies."""
+        """The SGLang fixes that ``install()`` applies: PR #21589's two and
+        issue #36938's."""
         return tuple(
             name
             for name, present in (
                 ("aux-logprob-prune", self.prunes_aux),
                 ("draft-prefill-no-logprob", self.draft_no_logprob),
+                ("prefill-skip-logprob-pt", self.skip_advances_logprob_pt),
             )
             if not present
         )

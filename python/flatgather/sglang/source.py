@@ -18,12 +18,13 @@ from __future__ import annotations
 import __future__
 
 import ast
+import functools
 import linecache
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Method", "SourceMismatch", "build_method", "parse_method"]
+__all__ = ["Method", "SourceMismatch", "build_method", "module_tree", "parse_method"]
 
 _FUTURE_MASK = 0
 for _name in __future__.all_feature_names:
@@ -103,6 +104,31 @@ def _binds_imports(stmt: ast.stmt) -> bool:
     return False
 
 
+def _lines(filename: str, module_globals) -> list[str]:
+    # checkcache drops a cached copy whose file changed since it was read.
+    linecache.checkcache(filename)
+    return linecache.getlines(filename, module_globals)
+
+
+@functools.lru_cache(maxsize=4)
+def _parse(text: str, filename: str) -> ast.Module:
+    """Parsed once per text: several methods of one file (a method and its
+    helpers) share a parse. Callers never change the tree they get (they
+    rewrite a deep copy)."""
+    return ast.parse(text, filename)
+
+
+def module_tree(module: types.ModuleType) -> ast.Module | None:
+    """The syntax tree of ``module``'s source file as it reads now, or None
+    when it has none that parses. Shared: not to be changed."""
+    filename = getattr(module, "__file__", None)
+    lines = _lines(filename, vars(module)) if filename else []
+    try:
+        return _parse("".join(lines), filename) if lines else None
+    except SyntaxError:
+        return None
+
+
 def parse_method(owner: type, name: str) -> Method:
     """The verified syntax tree of ``owner.<name>`` (a plain function in the
     ``__dict__`` of a class defined at the top of its module). Raises
@@ -117,13 +143,11 @@ def parse_method(owner: type, name: str) -> Method:
     if owner.__qualname__ != owner.__name__:
         raise SourceMismatch(f"{owner.__qualname__} is not defined at the top of its module")
     filename = function.__code__.co_filename
-    # checkcache drops a cached copy whose file changed since it was read.
-    linecache.checkcache(filename)
-    lines = linecache.getlines(filename, function.__globals__)
+    lines = _lines(filename, function.__globals__)
     if not lines:
         raise SourceMismatch(f"no source for {where} ({filename})")
     try:
-        module = ast.parse("".join(lines), filename)
+        module = _parse("".join(lines), filename)
     except SyntaxError as exc:
         raise SourceMismatch(f"the source of {where} does not parse: {exc}") from None
     classes = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == owner.__name__]
