@@ -1,13 +1,16 @@
-"""The probe across the release table: python benches/probe_times.py [RUNS]
+"""install() across the release table: python benches/probe_times.py [RUNS]
 
 For every release set up by .ci/setup (.sglang/<release>), a fresh child
-interpreter imports it, then runs ``flatgather.sglang.install()`` /
+interpreter imports it (the logits processor, the draft worker and the
+scheduler's result processor), then runs ``flatgather.sglang.install()`` /
 ``uninstall()`` RUNS times (default 7) and reports: the contract the probe
 found and whether it is the table's row, the probe cases compared, the probe
-time (median and max of the runs; the first includes torch's warm-up), and
-what the draft worker's rewrite applied and how long ``prepare`` took (timed
-once, on the release's own method, before the installs, which apply the same
-patch).
+time and the whole install() time (median and max of the runs; the first
+includes torch's warm-up), whether FULL capture gathers no aux row, the
+token-id logprob functions replaced (and how the release walks them), whether
+SGLang #36938 was found and fixed, and what the draft worker's rewrite
+applied and how long its ``prepare`` took (timed once, on the release's own
+method, before the installs, which apply the same patch).
 """
 
 from __future__ import annotations
@@ -23,22 +26,30 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = textwrap.dedent(
     """
-    import json, statistics, sys, time
+    import importlib, json, statistics, sys, time
     runs = int(sys.argv[1])
     import flatgather.sglang as fs
-    from flatgather.sglang import draft_prefill, releases
+    from flatgather.sglang import draft_prefill, prefill_result, releases
     from flatgather.sglang.standins import install_sgl_kernel_stand_in
     import sglang.srt.layers.logits_processor  # noqa: F401  (imported before timing)
     install_sgl_kernel_stand_in()
     import sglang.srt.speculative.eagle_worker_v2 as worker
+    for name in prefill_result.MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
     started = time.perf_counter()
     draft = draft_prefill.prepare(worker)  # on the release's own method
     prepare_s = time.perf_counter() - started
-    seconds, report = [], None
+    seconds, installs, report = [], [], None
     for _ in range(runs):
         fs.uninstall()
-        report = fs.install()  # the worker is imported: its patch applies now
+        started = time.perf_counter()
+        report = fs.install()  # the modules are imported: every patch applies now
+        installs.append(time.perf_counter() - started)
         seconds.append(report.probe_seconds)
+    token_ids = [p for p in fs._state.patches if p.name.startswith("get_token_ids_logprobs")]
     row = releases.by_version(report.release)
     c = report.contract
     print(json.dumps({
@@ -47,9 +58,16 @@ CHILD = textwrap.dedent(
             c.trailing_token_to_seq, c.packed_aux, c.writes_cpu_indices, c.prunes_aux
         ) == (row.trailing_token_to_seq, row.packed_aux, row.writes_cpu_indices, row.prunes_aux),
         "lazy_aux": report.lazy_aux,
+        "lazy_full": report.lazy_full,
+        "token_ids": [
+            p.name.rsplit("_", 1)[-1] + (" (skips empty)" * p.new.__flatgather__.skip_empty)
+            for p in token_ids
+        ],
+        "skip_fix": prefill_result.FIX in report.backports,
         "cases": fs._state.verdict.cases,
         "probe_ms_median": statistics.median(seconds[1:] or seconds) * 1e3,
         "probe_ms_max": max(seconds) * 1e3,
+        "install_ms_median": statistics.median(installs[1:] or installs) * 1e3,
         "backports": list(report.backports),
         "draft_applied": list(draft.applied),
         "draft_notes": list(draft.notes),
@@ -66,14 +84,14 @@ def main() -> int:
     import releases  # the table, as a plain module: no flatgather import here
 
     print(
-        "| SGLang | table row true | lazy aux | cases | probe ms (median / max) "
-        "| draft rewrite | prepare ms | backports |"
+        "| SGLang | table row true | lazy aux (FULL) | cases | probe ms (median / max) "
+        "| install ms | token-id functions | #36938 | draft rewrite | prepare ms | backports |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in releases.RELEASES:
         site = ROOT / ".sglang" / row.version
         if not (site / ".complete").is_file():
-            print(f"| {row.version} | not set up (.ci/setup) | | | | | | |")
+            print(f"| {row.version} | not set up (.ci/setup) |" + " |" * 10)
             continue
         env = {**os.environ, "PYTHONPATH": str(site)}
         env.pop("FLATGATHER_SGLANG", None)
@@ -86,14 +104,19 @@ def main() -> int:
             timeout=600,
         )
         if out.returncode != 0:
-            print(f"| {row.version} | FAILED: {out.stderr.strip().splitlines()[-1]} | | | | | | |")
+            print(f"| {row.version} | FAILED: {out.stderr.strip().splitlines()[-1]} |" + " |" * 10)
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         draft = ", ".join(r["draft_applied"]) or "; ".join(r["draft_notes"]) or "none"
+        lazy = (
+            "off" if not r["lazy_aux"] else "on (FULL too)" if r["lazy_full"] else "on (not FULL)"
+        )
         print(
             f"| {r['release']} | {'yes' if r['table_row_true'] else 'NO'} "
-            f"| {'on' if r['lazy_aux'] else 'off'} | {r['cases']} "
-            f"| {r['probe_ms_median']:.1f} / {r['probe_ms_max']:.1f} | {draft} "
+            f"| {lazy} | {r['cases']} "
+            f"| {r['probe_ms_median']:.1f} / {r['probe_ms_max']:.1f} "
+            f"| {r['install_ms_median']:.0f} | {', '.join(r['token_ids']) or 'none'} "
+            f"| {'present, fixed' if r['skip_fix'] else 'not fixed here'} | {draft} "
             f"| {r['draft_prepare_ms']:.0f} | {', '.join(r['backports']) or 'none'} |",
             flush=True,
         )
