@@ -8,6 +8,7 @@ exception raised by the caller's own code (an ``__index__`` that raises,
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -257,28 +258,42 @@ def test_eight_threads_equal_serial(batch):
 
 
 def test_gil_is_released_while_a_large_plan_is_written():
+    """A Python thread runs while ``fill`` runs: it stamps the time between
+    short sleeps, and a stamp falls strictly between a fill's start and end.
+
+    The switch interval is raised to a minute for the test, so the main
+    thread is never made to hand over the GIL at a switch point between its
+    two clock readings: only a ``fill`` that releases the GIL lets the other
+    thread in there."""
     plan = _core.PrunePlan([4096] * 256, [0] * 256)  # 1M rows: well past the detach threshold
     out = np.empty(plan.buffer_len(True), dtype=np.int64)
-    ticks = 0
+    plan.fill(out)  # first touch of the pages, outside the timed calls
+    stamps: list[float] = []
     stop = threading.Event()
 
-    def ticker():
-        nonlocal ticks
+    def stamper():
         while not stop.is_set():
-            ticks += 1
+            stamps.append(time.perf_counter())
+            time.sleep(0.0002)  # releases the GIL, so the main thread never waits for it
 
-    thread = threading.Thread(target=ticker)
-    thread.start()
-    time.sleep(0.01)
-    before = ticks
-    for _ in range(50):
-        plan.fill(out)
-    during = ticks - before
-    stop.set()
-    thread.join()
-    # With the GIL held for the whole fill the ticker could only advance at
-    # the few switch points between calls.
-    assert during > 50
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    thread = threading.Thread(target=stamper)
+    try:
+        thread.start()
+        while not stamps:
+            time.sleep(0.001)
+        windows = []
+        for _ in range(20):
+            started = time.perf_counter()
+            plan.fill(out)
+            windows.append((started, time.perf_counter()))
+    finally:
+        stop.set()
+        thread.join(10)
+        sys.setswitchinterval(interval)
+    inside = [t for t in stamps if any(a < t < b for a, b in windows)]
+    assert inside, f"no stamp inside any of 20 fills ({len(stamps)} stamps in all)"
 
 
 def test_failed_install_leaves_sglang_exactly_as_it_was(monkeypatch):
