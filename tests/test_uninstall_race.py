@@ -14,17 +14,17 @@ import time
 
 import flatgather.sglang as fs
 import pytest
-from _forward import forward_metadata, make_processor, output_fields
-from _sglang import PRUNES_AUX, LogitsProcessor, assert_same, oracle_context
+from _forward import forward_metadata, make_processor, output_fields, release_outputs
+from _sglang import LogitsProcessor, assert_same, oracle_context
 from test_forward import HIDDEN, VOCAB, make_tensors
 
 BATCHES = [([4, 5, 6], [0, 5, 3]), ([1], [0]), ([6] * 8, [0, 3, 6, 5] * 2), ([2, 9], [2, 0])]
 
 
-# The lazy path: list aux layers, LAST capture (only the sampled rows are
-# gathered); NULL capture (none) where the release predates PR #21589 and
-# its own forward crashes under LAST with aux layers.
-CAPTURE = "LAST" if PRUNES_AUX else "NULL"
+# LAST capture: the lazy path gathers only the sampled rows, and the
+# release's own _get_hidden_states_to_store reads the aux result, so a lazy
+# object that leaked to it would fail (a LazyAuxPruned raises on any use).
+CAPTURE = "LAST"
 
 
 class Forwards:
@@ -37,20 +37,42 @@ class Forwards:
         for i, (extend, start) in enumerate(BATCHES):
             input_ids, hidden, _before, aux = make_tensors(extend, i, "list", False, 3)
             self.inputs.append((extend, start, input_ids, hidden, aux))
-        fs.uninstall()
-        self.expected = [self.run(i) for i in range(len(BATCHES))]
+        self.expected = [self.run(i, stock=True) for i in range(len(BATCHES))]
+
+    def forward(self, processor, i: int, capture: str):
+        extend, start, input_ids, hidden, aux = self.inputs[i]
+        md = forward_metadata(
+            extend, start, capture, input_ids, [0] * len(extend), [None] * len(extend)
+        )
+        with oracle_context():
+            return processor.forward(input_ids, hidden, self.lm_head, md, aux_hidden_states=aux)
 
     def run(self, i: int, stock: bool = False) -> dict:
         """Batch ``i`` through the processor as it is now (patched or not),
-        or through the release's own code with ``stock``."""
-        extend, start, input_ids, hidden, aux = self.inputs[i]
-        md = forward_metadata(
-            extend, start, CAPTURE, input_ids, [0] * len(extend), [None] * len(extend)
+        or the release's own outputs with ``stock`` (see
+        :func:`_forward.release_outputs`: the release crashes here before
+        SGLang PR #21589)."""
+        if not stock:
+            return output_fields(self.forward(self.processor, i, CAPTURE))
+        extend, start, _, hidden, aux = self.inputs[i]
+        return release_outputs(
+            lambda capture: self.forward(self.stock_processor, i, capture),
+            extend,
+            start,
+            CAPTURE,
+            hidden,
+            None,
+            aux,
         )
-        processor = self.stock_processor if stock else self.processor
-        with oracle_context():
-            out = processor.forward(input_ids, hidden, self.lm_head, md, aux_hidden_states=aux)
-        return output_fields(out)
+
+    def release_crash(self, i: int) -> tuple[type, str] | None:
+        """How the release's own forward fails on batch ``i`` (LAST capture
+        with aux layers before SGLang PR #21589), or None."""
+        try:
+            self.forward(self.stock_processor, i, CAPTURE)
+        except TypeError as exc:
+            return type(exc), str(exc)
+        return None
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +135,9 @@ def test_uninstall_between_pruning_and_storing_waits_for_the_forward(forwards):
     uninstalled = threading.Event()
     uninstaller = threading.Thread(target=lambda: fs.uninstall() and uninstalled.set())
     uninstaller.start()
-    while state.gate._open:  # uninstall() has closed the gate and is waiting
+    deadline = time.monotonic() + 30
+    while state.gate._open:  # until uninstall() has closed the gate and is waiting
+        assert time.monotonic() < deadline, "uninstall() did not close the gate within 30 s"
         time.sleep(0.001)
     assert not uninstalled.is_set() and fs.is_installed()
     # A forward that starts now gathers eagerly and is not waited for.
@@ -167,7 +191,8 @@ def _try(fn):
 @pytest.mark.matrix
 def test_threaded_soak_forwards_while_installs_toggle(forwards):
     """Four threads run forwards while the main thread installs and
-    uninstalls 25 times: every output is the release's, nothing raises."""
+    uninstalls 25 times: every output is the release's; nothing raises but
+    the release's own crash, where it has one, while uninstalled."""
     before = dict(vars(LogitsProcessor))
     errors, done, counts = [], threading.Event(), [0] * 4
     toggles = 25
@@ -178,9 +203,18 @@ def test_threaded_soak_forwards_while_installs_toggle(forwards):
             # The release's own outputs, computed on this thread: the CPU
             # thread settings that a matmul's rounding depends on are per thread.
             expected = [forwards.run(i, stock=True) for i in range(len(BATCHES))]
+            crashes = [forwards.release_crash(i) for i in range(len(BATCHES))]
             while not done.is_set() or counts[k] < 50:
                 i = rng.randrange(len(BATCHES))
-                assert_same(forwards.run(i), expected[i])
+                try:
+                    outputs = forwards.run(i)
+                except TypeError as exc:
+                    # Uninstalled at that moment, a release that crashes
+                    # here crashes exactly so (a leaked lazy object fails
+                    # differently).
+                    assert (type(exc), str(exc)) == crashes[i], exc
+                else:
+                    assert_same(outputs, expected[i])
                 counts[k] += 1
         except BaseException as exc:
             errors.append(exc)
