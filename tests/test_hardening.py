@@ -17,7 +17,16 @@ import flatgather.sglang as fs
 import numpy as np
 import pytest
 import torch
-from _sglang import STOCK_PRUNED_STATES, LogitsProcessor, assert_same, metadata, pruned_states
+from _sglang import (
+    STOCK_PRUNED_STATES,
+    TRAILING_TOKEN_TO_SEQ,
+    LogitsProcessor,
+    assert_same,
+    expected_pruned_states,
+    metadata,
+    pruned_states,
+    stock_pruned_states,
+)
 from _strategies import batches
 from flatgather import PlanError, _core, prune_plan, rotation_plan
 from flatgather._errors import KINDS
@@ -233,28 +242,49 @@ def test_fill_refuses_wrong_buffers():
         plan.fill(readonly)
 
 
+def release_indices(extend, start) -> dict:
+    """The index sets of the release's own ``_get_pruned_states``; the kept
+    rows read off the states it returns for a column of row numbers."""
+    rows = torch.arange(sum(extend), dtype=torch.float64).unsqueeze(1)
+    pruned, _, _, sample, input_logprob, token_to_seq = stock_pruned_states(
+        rows, None, None, metadata(extend, start)
+    )
+    if TRAILING_TOKEN_TO_SEQ:
+        token_to_seq = token_to_seq[:-1]  # the plan's token_to_seq has no trailing entry
+    return {
+        "gather": pruned.squeeze(1).long().tolist(),
+        "sample": sample.tolist(),
+        "input_logprob": input_logprob.tolist(),
+        "token_to_seq": list(token_to_seq),
+    }
+
+
 @given(batches(max_batch=256))
-def test_eight_threads_equal_serial(batch):
+def test_eight_threads_give_the_release_answer(batch):
+    """16 calls on 8 threads, each of ``prune_plan`` and of the installed
+    ``_get_pruned_states``: every one gives what the release's own code gives."""
     extend, start = batch
     rows = sum(extend)
     h = torch.randn(rows, 4)
     aux = [torch.randn(rows, 4) for _ in range(2)]
+    expected_states = expected_pruned_states(extend, start, h, None, aux, metadata(extend, start))
+    expected_indices = release_indices(extend, start)
     fs.install()
-    serial = pruned_states(h, None, aux, metadata(extend, start))
-    expected_plan = prune_plan(extend, start).buffer
     with ThreadPoolExecutor(8) as pool:
         results = list(
             pool.map(
                 lambda _: (
                     pruned_states(h, None, aux, metadata(extend, start)),
-                    prune_plan(extend, start).buffer,
+                    prune_plan(extend, start),
                 ),
                 range(16),
             )
         )
-    for states, buffer in results:
-        assert_same(states, serial)
-        assert torch.equal(buffer, expected_plan)
+    for states, plan in results:
+        assert_same(states, expected_states)
+        assert {name: getattr(plan, name).tolist() for name in expected_indices} == (
+            expected_indices
+        )
 
 
 def test_gil_is_released_while_a_large_plan_is_written():
