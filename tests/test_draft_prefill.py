@@ -198,6 +198,66 @@ def test_on_cuda_pinned_staging_and_one_gather(lens, mm_width):
     assert "index_select" in ours.ops and ours.ops.count("cat") == 1, ours.ops
 
 
+# --- compiled code and CUDA-graph capture ----------------------------------------------------
+
+
+def rotation_args(device="cpu"):
+    """Three requests of lengths 3, 1, 2: ids, lengths, tails, destination."""
+    src = torch.arange(10, 16, device=device)
+    tails = torch.tensor([7, 8, 9], device=device)
+    return src, [3, 1, 2], tails, torch.zeros_like(src)
+
+
+ROTATED = [11, 12, 7, 8, 15, 9]
+
+
+def test_under_torch_compile_the_release_loop_is_traced():
+    """Compiled, ``rotate`` hands over at once: no plan, no graph break."""
+    src, lens, tails, dst = rotation_args()
+    compiled = torch.compile(
+        lambda s, t, d: draft_prefill.rotate(s, lens, t, d, None, None, 0),
+        fullgraph=True,
+        backend="eager",
+    )
+    assert compiled(src, tails, dst) is None
+    assert not dst.any()  # untouched
+    assert draft_prefill.rotate(src, lens, tails, dst, None, None, 0) == 6
+    assert dst.tolist() == ROTATED
+
+
+@pytest.mark.matrix
+def test_the_installed_method_runs_the_release_loop_while_compiling(monkeypatch):
+    inputs = make_inputs([2, 3, 1], mm_width=2, seed=5)
+    stock = draft_harness.run(worker, inputs, STOCK, count=True)
+    flatgather.sglang.install()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    ours = draft_harness.run(worker, inputs, count=True)
+    assert_same_as_stock(inputs, ours, stock)
+    assert ours.ops == stock.ops  # the release's own loop ran
+
+
+def test_a_capturing_cuda_stream_does_not_concern_a_cpu_rotation(monkeypatch):
+    """Only CUDA work is captured: on the CPU the gather applies as ever."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    src, lens, tails, dst = rotation_args()
+    assert draft_prefill.rotate(src, lens, tails, dst, None, None, 0) == 6
+    assert dst.tolist() == ROTATED
+
+
+@pytest.mark.cuda
+def test_while_a_cuda_stream_captures_the_release_loop_runs(monkeypatch):
+    src, lens, tails, dst = rotation_args("cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        end = draft_prefill.rotate(src, lens, tails, dst, None, None, 0)
+    assert end is None and not dst.any()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert draft_prefill.rotate(src, lens, tails, dst, None, None, 0) is None
+    monkeypatch.undo()
+    assert draft_prefill.rotate(src, lens, tails, dst, None, None, 0) == 6
+    assert dst.tolist() == ROTATED
+
+
 # --- one gather, whatever the batch size ------------------------------------------------------
 
 OP_COUNTS: dict = {}

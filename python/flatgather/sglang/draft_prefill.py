@@ -39,7 +39,8 @@ installed function's own syntax tree:
    :func:`rotate` takes only inputs it reproduces exactly (positive lengths
    that sum to the rows of ``input_ids``, one tail per request, one device,
    and so on); for anything else it returns None before touching a tensor and
-   the release's own loop runs. Every other line of the method, the tail
+   the release's own loop runs; so it does under ``torch.compile`` and
+   while a CUDA stream is capturing a graph. Every other line of the method, the tail
    tokens of ``_eagle_prefill_tail_tokens`` included, runs as shipped, with
    the release's line numbers in tracebacks.
 4. Before anything is patched, the release's block (the statements of the
@@ -129,6 +130,8 @@ def rotate(src, lens, tails, dst, mm, mm_dst, pt) -> int | None:
     place). The last row of each request of ``mm_dst`` is left to whatever the
     gather puts there: the release leaves it unwritten.
     """
+    if torch.compiler.is_compiling():
+        return None  # compiled code traces the release's loop: no graph break
     if type(pt) is not int or pt != 0:
         return None
     if isinstance(lens, (list, tuple)) and len(lens) < 2:
@@ -148,6 +151,9 @@ def rotate(src, lens, tails, dst, mm, mm_dst, pt) -> int | None:
         return None  # a cast the release's cat + copy might do differently
     device = src.device
     if tails.device != device or dst.device != device or not dst.is_contiguous():
+        return None
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # A CUDA graph must not capture a copy from our reused host buffers.
         return None
     if dst is not src and _shares_memory(dst, src):
         return None
