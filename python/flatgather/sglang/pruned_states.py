@@ -3,11 +3,14 @@ aux pruning that rides on it.
 
 Only the branch "prefill with input logprobs" is replaced; decode, verify,
 draft-extend-v2, prefill without logprobs, compiled code and CUDA-graph
-capture run the release's own code. Metadata the plan refuses but the release
-accepts (requests of length 0) also goes to the release's own code, so the
-answer is always the release's. ``hidden_states`` may have more rows than the
-batch has tokens (CUDA-graph buckets, DP-attention padding): those rows are
-never read. Fewer rows than tokens is a :class:`flatgather.PlanError`.
+capture run the release's own code. So does every batch the plan refuses (a
+request of length 0, lengths and starts of different counts, a start past its
+length, a negative or non-integer value, no request, a 0-d tensor), so the
+answer, result or error, is the release's. ``hidden_states`` may have more
+rows than the batch has tokens (CUDA-graph buckets, DP-attention padding):
+those rows are never read. Fewer rows than tokens is a
+:class:`flatgather.PlanError`, the one error of flatgather's own here: the
+release's function returns states shorter than its ``sample_indices`` assume.
 
 Lazy aux pruning: in that branch SGLang gathers every logprob row of every
 EAGLE3 aux layer, yet ``forward`` only hands them to
@@ -115,8 +118,6 @@ def uses_release_code(metadata) -> bool:
 
 
 def _check_rows(name: str, tensor: torch.Tensor, tokens: int) -> None:
-    if tensor.dim() == 0:
-        raise PlanError(f"{name} is a 0-d tensor; it needs one row per token", "bad_tensor")
     rows = tensor.shape[0]
     if rows < tokens:
         raise PlanError(
@@ -319,11 +320,11 @@ def make_pruned_states(
             return PrunePlan(
                 logits_metadata.extend_seq_lens_cpu, logits_metadata.extend_logprob_start_lens_cpu
             )
-        except PlanError as exc:
-            if exc.kind != "zero_extend":
-                raise
-            # A request with no token (SGLang pads batches with them) is
-            # outside the plan; the release's code decides what it means.
+        except PlanError:
+            # Metadata outside the plan (a request with no token, as SGLang
+            # pads batches with them; lengths and starts of different counts,
+            # which the release zips; a start past its length, which fails
+            # the release's own assert; ...): the release's code decides.
             return None
 
     @functools.wraps(original)
@@ -337,16 +338,20 @@ def make_pruned_states(
             )
         packed = isinstance(aux_hidden_states, torch.Tensor)
         device = hidden_states.device
-        tokens = plan.num_tokens
-        _check_rows("hidden_states", hidden_states, tokens)
+        named = [("hidden_states", hidden_states)]
         if hidden_states_before_norm is not None:
-            _check_rows("hidden_states_before_norm", hidden_states_before_norm, tokens)
-        if aux_hidden_states is not None:
-            if packed:
-                _check_rows("aux_hidden_states", aux_hidden_states, tokens)
-            else:
-                for j, layer in enumerate(aux_hidden_states):
-                    _check_rows(f"aux_hidden_states[{j}]", layer, tokens)
+            named.append(("hidden_states_before_norm", hidden_states_before_norm))
+        if packed:
+            named.append(("aux_hidden_states", aux_hidden_states))
+        elif aux_hidden_states is not None:
+            named += [(f"aux_hidden_states[{j}]", t) for j, t in enumerate(aux_hidden_states)]
+        if any(t.dim() == 0 for _, t in named):
+            # No rows to slice: the release's code fails its own way.
+            return original(
+                self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
+            )
+        for name, tensor in named:
+            _check_rows(name, tensor, plan.num_tokens)
 
         index = stage(
             plan.buffer_len(False), functools.partial(plan.fill, token_to_seq=False), device
