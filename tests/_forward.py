@@ -36,12 +36,13 @@ def publish_server_args() -> None:
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
 
 
-def make_processor(vocab: int, hidden: int, seed: int = 0, stock: bool = False):
-    """A processor and its LM head; ``stock=True`` gives one that runs the
-    release's own code even while flatgather is installed."""
+def make_processor(vocab: int, hidden: int, seed: int = 0, stock: bool = False, cls=None):
+    """A processor (of ``cls``, a subclass, when given) and its LM head;
+    ``stock=True`` gives one that runs the release's own code even while
+    flatgather is installed."""
     publish_server_args()
     config = types.SimpleNamespace(vocab_size=vocab, hidden_size=hidden)
-    cls = StockLogitsProcessor if stock else LogitsProcessor
+    cls = cls or (StockLogitsProcessor if stock else LogitsProcessor)
     processor = cls(config, skip_all_gather=True)
     gen = torch.Generator().manual_seed(seed)
     lm_head = types.SimpleNamespace(weight=torch.randn(vocab, hidden, generator=gen))

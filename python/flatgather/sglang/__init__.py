@@ -124,22 +124,25 @@ _state: _Installed | None = None
 def _logits_processor_patches(module, verdict: Verdict, gate: LazyGate | None) -> list[Patch]:
     cls = module.LogitsProcessor
     raw = vars(cls)
+    store = None
+    if gate is not None:
+        store = make_hidden_states_to_store(raw["_get_hidden_states_to_store"])
     patches = [
         Patch(
             cls,
             "_get_pruned_states",
             make_pruned_states(
-                raw["_get_pruned_states"], verdict.contract, gate, lazy_full=verdict.lazy_full
+                raw["_get_pruned_states"],
+                verdict.contract,
+                gate,
+                lazy_full=verdict.lazy_full,
+                store=store,
             ),
         )
     ]
     if gate is not None:
         patches += [
-            Patch(
-                cls,
-                "_get_hidden_states_to_store",
-                make_hidden_states_to_store(raw["_get_hidden_states_to_store"]),
-            ),
+            Patch(cls, "_get_hidden_states_to_store", store),
             Patch(cls, "forward", make_forward(raw["forward"], gate)),
         ]
     return patches

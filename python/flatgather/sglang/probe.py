@@ -355,12 +355,13 @@ def aux_flow_problem(forward) -> str | None:
     return None
 
 
-def _lazy_store(gate, pruned_states, store, h, b, aux, md):
-    """What ``store`` stores from ``pruned_states``'s result, both run as
-    inside a patched ``forward``."""
+def _lazy_store(gate, pruned_states, processor, h, b, aux, md):
+    """What ``processor``'s store stores from ``pruned_states``'s result,
+    both run as inside a patched ``forward``."""
+    store = type(processor)._get_hidden_states_to_store
     with lazy_scope(gate):
-        result = pruned_states(None, h, b, aux, md)
-        return _outcome(store, None, h, b, aux, *result[:4], md)
+        result = pruned_states(processor, h, b, aux, md)
+        return _outcome(store, processor, h, b, aux, *result[:4], md)
 
 
 # The lazy check's batches: the seed batch, and 32 requests of every kind.
@@ -378,11 +379,13 @@ def _check_lazy(release: _Release, contract: Contract) -> tuple[str | None, str 
     if problem:
         return problem, problem
     gate = LazyGate()
+    store = make_hidden_states_to_store(release.hidden_to_store)
+    # Lazy aux pruning applies to a processor whose class's store is the wrapper.
+    processor = type("ProbedProcessor", (), {"_get_hidden_states_to_store": store})()
     lazy = {
-        full: make_pruned_states(release.pruned_states, contract, gate, lazy_full=full)
+        full: make_pruned_states(release.pruned_states, contract, gate, lazy_full=full, store=store)
         for full in (False, True)
     }
-    store = make_hidden_states_to_store(release.hidden_to_store)
     kinds = ("list", "packed") if contract.packed_aux else ("list",)
     variants = ((False, 0), (True, PAD_ROWS))  # (before-norm states, padding rows)
     full_problem = None
@@ -402,12 +405,16 @@ def _check_lazy(release: _Release, contract: Contract) -> tuple[str | None, str 
 
         inputs = (h, b, aux, release.metadata(extend, start, capture))
         if capture == "FULL" and full_problem is None:
-            found = first_difference(_lazy_store(gate, lazy[True], store, *inputs), expected, where)
+            found = first_difference(
+                _lazy_store(gate, lazy[True], processor, *inputs), expected, where
+            )
             if found is None:
                 continue
             full_problem = f"the release's FULL store reads the pruned aux layers: {found}"
             inputs = (*inputs[:3], release.metadata(extend, start, capture))
-        found = first_difference(_lazy_store(gate, lazy[False], store, *inputs), expected, where)
+        found = first_difference(
+            _lazy_store(gate, lazy[False], processor, *inputs), expected, where
+        )
         if found:
             return found, full_problem or found
     return None, full_problem

@@ -19,7 +19,9 @@ rows, under NULL capture none, and under FULL capture none either: it stores
 the unpruned aux layers (the capture mode of the EAGLE3 target prefill).
 Inside ``LogitsProcessor.forward`` the aux result is therefore a
 :class:`LazyAuxPruned` that the wrapped ``_get_hidden_states_to_store``
-resolves to exactly the rows it reads. Under FULL it is handed on unresolved,
+resolves to exactly the rows it reads (only for a processor whose class's
+``_get_hidden_states_to_store`` is that wrapper: a subclass with a store of
+its own gets the pruned layers). Under FULL it is handed on unresolved,
 and only where the probe saw the release's own store leave it untouched (a
 :class:`LazyAuxPruned` fails on any use). Anywhere else the aux layers are
 pruned in full as the release does.
@@ -300,12 +302,15 @@ def make_pruned_states(
     contract: Contract,
     gate: LazyGate | None = None,
     lazy_full: bool = False,
+    store: Callable | None = None,
 ) -> Callable:
     """A ``_get_pruned_states`` that returns what ``original`` returns under
     ``contract``, with one plan, one host-to-device copy and one
     ``index_select`` per tensor in the logprob branch. With a ``gate``, aux
-    layers are pruned lazily inside the forwards it counts; under FULL
-    capture only with ``lazy_full`` (none of them is then gathered)."""
+    layers are pruned lazily inside the forwards it counts, for a processor
+    whose class's ``_get_hidden_states_to_store`` is ``store`` (the wrapper
+    that resolves them); under FULL capture only with ``lazy_full`` (none of
+    them is then gathered)."""
 
     def _plan(hidden_states, aux_hidden_states, logits_metadata):
         """The batch's plan, or None where the release's own code runs."""
@@ -367,7 +372,14 @@ def make_pruned_states(
         )
         if aux_hidden_states is None:
             aux_pruned_states = None
-        elif gate is not None and gate.current() and _lazy_pays(logits_metadata, plan, lazy_full):
+        elif (
+            gate is not None
+            and gate.current()
+            # A subclass's own store would be handed the lazy object unresolved.
+            and store is not None
+            and getattr(type(self), "_get_hidden_states_to_store", None) is store
+            and _lazy_pays(logits_metadata, plan, lazy_full)
+        ):
             aux_pruned_states = LazyAuxPruned(aux_hidden_states, gather, sample_indices)
         else:
             aux_pruned_states = _gather_aux(aux_hidden_states, gather)
