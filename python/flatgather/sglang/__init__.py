@@ -235,6 +235,8 @@ def install(force: bool = False, lazy_aux: bool = True) -> InstallReport:
             state.notes.append(f"lazy aux pruning left off: {verdict.lazy_aux_note}")
         elif lazy_aux and not verdict.lazy_full:
             state.notes.append(f"FULL capture gathers every kept aux row: {verdict.lazy_full_note}")
+        if verdict.metadata_note:
+            state.notes.append(verdict.metadata_note)
         if verdict.pin_neutralised:
             state.notes.append(
                 "this host has no CUDA and the release's _get_pruned_states pins memory "
