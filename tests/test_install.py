@@ -80,6 +80,32 @@ def test_install_is_idempotent_and_uninstall_restores_the_original_objects():
     assert fs.installed_report() is None
 
 
+def test_uninstall_leaves_a_later_patch_by_someone_else_and_warns():
+    fs.install()
+    ours = vars(LogitsProcessor)["_get_pruned_states"]
+
+    def theirs(self, *args):
+        return ours(self, *args)
+
+    LogitsProcessor._get_pruned_states = theirs  # another library patches after flatgather
+    try:
+        with pytest.warns(RuntimeWarning, match="_get_pruned_states was replaced"):
+            assert fs.uninstall() is True
+        assert vars(LogitsProcessor)["_get_pruned_states"] is theirs
+        assert vars(LogitsProcessor)["forward"] is STOCK_FORWARD  # the others restored
+        assert not fs.is_installed()
+    finally:
+        LogitsProcessor._get_pruned_states = STOCK_PRUNED_STATES
+
+
+def test_uninstall_restores_without_a_word_where_nobody_else_patched():
+    fs.install()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fs.uninstall() is True
+    assert vars(LogitsProcessor)["_get_pruned_states"] is STOCK_PRUNED_STATES
+
+
 def _wrap_release(monkeypatch, change):
     """Replace the release's function by one whose result ``change`` alters:
     a release flatgather has not seen."""

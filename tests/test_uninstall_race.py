@@ -7,6 +7,7 @@ flight, then restores everything at once."""
 
 from __future__ import annotations
 
+import importlib
 import random
 import sys
 import threading
@@ -16,6 +17,7 @@ import flatgather.sglang as fs
 import pytest
 from _forward import forward_metadata, make_processor, output_fields, release_outputs
 from _sglang import LogitsProcessor, assert_same, oracle_context
+from flatgather.sglang.patching import Prepared
 from test_forward import HIDDEN, VOCAB, make_tensors
 
 BATCHES = [([4, 5, 6], [0, 5, 3]), ([1], [0]), ([6] * 8, [0, 3, 6, 5] * 2), ([2, 9], [2, 0])]
@@ -85,12 +87,14 @@ class PauseAfterPruning:
     ``_get_pruned_states`` returns (a lazy aux object in hand, before
     ``_get_hidden_states_to_store`` is looked up), until released."""
 
-    def __init__(self, code, at_pause=None) -> None:
+    def __init__(self, code, at_pause=None, on_resume=None) -> None:
         self.code = code
         self.paused = threading.Event()
         self.resume = threading.Event()
         self.at_pause = at_pause
         self.at_pause_result = None
+        self.on_resume = on_resume
+        self.on_resume_result = None
 
     def trace(self, frame, event, arg):
         if frame.f_code is not self.code:
@@ -103,6 +107,8 @@ class PauseAfterPruning:
                 self.at_pause_result = self.at_pause()
             self.paused.set()
             assert self.resume.wait(30)
+            if self.on_resume is not None:
+                self.on_resume_result = self.on_resume()
         return self.local
 
 
@@ -135,10 +141,7 @@ def test_uninstall_between_pruning_and_storing_waits_for_the_forward(forwards):
     uninstalled = threading.Event()
     uninstaller = threading.Thread(target=lambda: fs.uninstall() and uninstalled.set())
     uninstaller.start()
-    deadline = time.monotonic() + 30
-    while state.gate._open:  # until uninstall() has closed the gate and is waiting
-        assert time.monotonic() < deadline, "uninstall() did not close the gate within 30 s"
-        time.sleep(0.001)
+    wait_for_the_gate_to_close(state.gate)
     assert not uninstalled.is_set() and fs.is_installed()
     # A forward that starts now gathers eagerly and is not waited for.
     assert_same(forwards.run(1), forwards.expected[1])
@@ -179,6 +182,59 @@ def test_uninstall_from_inside_a_forward_is_refused(forwards):
     assert "inside LogitsProcessor.forward" in str(pause.at_pause_result)
     assert_same(result["out"], forwards.expected[0])
     assert fs.is_installed()
+
+
+def wait_for_the_gate_to_close(gate) -> None:
+    deadline = time.monotonic() + 30
+    while gate._open:  # until uninstall() has closed the gate and is waiting
+        assert time.monotonic() < deadline, "uninstall() did not close the gate within 30 s"
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("call", ["installed_report", "install", "a deferred module's import"])
+def test_a_forward_may_call_flatgather_while_uninstall_waits_for_it(
+    forwards, call, monkeypatch, tmp_path
+):
+    """``uninstall()`` waits for the forwards in flight without holding the
+    install lock: one that asks for the report, installs, or imports a module
+    a patch waits for finishes, and then everything is restored."""
+    if call == "a deferred module's import":
+        name = "flatgather_test_deferred_module"
+        (tmp_path / f"{name}.py").write_text("")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        prepared = []
+        monkeypatch.setattr(fs, "DEFERRED", ((name, lambda m: prepared.append(m) or Prepared()),))
+
+        def action():
+            importlib.import_module(name)
+            return prepared
+    else:
+        action = getattr(fs, call)
+    before = dict(vars(LogitsProcessor))
+    fs.install()
+    state = fs._state
+    pause = PauseAfterPruning(
+        vars(LogitsProcessor)["_get_pruned_states"].__code__, on_resume=lambda: _try(action)
+    )
+    forward_thread, result = run_paused(forwards, pause)
+    uninstalled = {}
+    uninstaller = threading.Thread(
+        target=lambda: uninstalled.update(result=_try(lambda: fs.uninstall(timeout=5))),
+        daemon=True,
+    )
+    uninstaller.start()
+    wait_for_the_gate_to_close(state.gate)
+    pause.resume.set()
+    forward_thread.join(30)
+    uninstaller.join(30)
+    assert not isinstance(pause.on_resume_result, Exception), pause.on_resume_result
+    assert uninstalled["result"] is True  # not a TimeoutError
+    assert "error" not in result, result.get("error")
+    assert_same(result["out"], forwards.expected[0])
+    assert not fs.is_installed() and dict(vars(LogitsProcessor)) == before
+    if call == "a deferred module's import":
+        assert [m.__name__ for m in pause.on_resume_result] == [name]
 
 
 def _try(fn):

@@ -268,30 +268,33 @@ def _cancel_pending(state: _Installed) -> None:
 
 def uninstall(timeout: float | None = None) -> bool:
     """Restore every patched attribute to the original object and forget
-    pending patches. Returns whether anything was installed.
+    pending patches. Returns whether this call uninstalled anything.
 
     Forwards already running finish with the patches they started with:
     ``uninstall()`` first lets no new forward use lazy aux pruning, waits for
-    those in flight to leave, then restores everything in one step. With a
-    ``timeout`` (seconds) that passes first, it raises ``TimeoutError`` and
-    leaves the installation as it was. Called from inside a patched
-    ``forward``, it raises ``RuntimeError`` (it would wait for itself).
+    those in flight to leave, then restores everything in one step. It waits
+    without holding the install lock, so a forward may meanwhile call
+    :func:`install` or :func:`installed_report`, or import a module a patch
+    waits for. With a ``timeout`` (seconds) that passes first, it raises
+    ``TimeoutError`` and leaves the installation as it was. Called from
+    inside a patched ``forward``, it raises ``RuntimeError`` (it would wait
+    for itself).
     """
     global _state
     with _lock:
         state = _state
         if state is None:
             return False
-        if state.gate is not None:
-            if state.gate.current():
-                raise RuntimeError(
-                    "flatgather.sglang.uninstall() called from inside LogitsProcessor.forward, "
-                    "which it would wait for"
-                )
-            if not state.gate.close(timeout):
-                raise TimeoutError(
-                    f"forwards still running after {timeout} s; flatgather stays installed"
-                )
+        if state.gate is not None and state.gate.current():
+            raise RuntimeError(
+                "flatgather.sglang.uninstall() called from inside LogitsProcessor.forward, "
+                "which it would wait for"
+            )
+    if state.gate is not None and not state.gate.close(timeout):
+        raise TimeoutError(f"forwards still running after {timeout} s; flatgather stays installed")
+    with _lock:
+        if _state is not state:
+            return False  # another uninstall() restored it meanwhile
         _state = None
         _cancel_pending(state)
         revert_all(state.patches)

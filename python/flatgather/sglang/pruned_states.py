@@ -198,6 +198,7 @@ class LazyGate:
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._open = True
+        self._closers = 0
         self._inflight = 0
 
     def enter(self) -> bool:
@@ -220,12 +221,15 @@ class LazyGate:
 
     def close(self, timeout: float | None = None) -> bool:
         """Let no new forward in, then wait for those in flight to leave.
-        On timeout the gate opens again and False is returned."""
+        On timeout False is returned, and the gate opens again unless
+        another caller is still closing it."""
         with self._cond:
             self._open = False
+            self._closers += 1
             if self._cond.wait_for(lambda: self._inflight == 0, timeout):
                 return True
-            self._open = True
+            self._closers -= 1
+            self._open = self._closers == 0
             return False
 
 
