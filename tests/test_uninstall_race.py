@@ -170,6 +170,28 @@ def test_uninstall_with_a_timeout_leaves_the_installation_whole(forwards):
     assert fs.uninstall() is True
 
 
+def test_a_timed_out_uninstall_leaves_the_gate_shut_for_another_that_waits(forwards):
+    fs.install()
+    state = fs._state
+    pause = PauseAfterPruning(vars(LogitsProcessor)["_get_pruned_states"].__code__)
+    forward_thread, result = run_paused(forwards, pause)
+    uninstalled = {}
+    waiting = threading.Thread(
+        target=lambda: uninstalled.update(result=_try(lambda: fs.uninstall(timeout=30))),
+        daemon=True,
+    )
+    waiting.start()
+    wait_for_the_gate_to_close(state.gate)
+    with pytest.raises(TimeoutError):
+        fs.uninstall(timeout=0.05)
+    assert not state.gate._open  # the first uninstall() still waits behind it
+    pause.resume.set()
+    forward_thread.join(30)
+    waiting.join(30)
+    assert uninstalled["result"] is True and not fs.is_installed()
+    assert_same(result["out"], forwards.expected[0])
+
+
 def test_uninstall_from_inside_a_forward_is_refused(forwards):
     fs.install()
     pause = PauseAfterPruning(
