@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 from unittest import mock
 
@@ -56,7 +57,7 @@ def defined_rows(lens, rows):
     """The rows of the rotated ``mm_input_embeds`` the release writes: all
     but each request's last."""
     mask = torch.ones(rows, dtype=torch.bool)
-    mask[torch.tensor(lens).cumsum(0) - 1] = False
+    mask[torch.tensor(lens, dtype=torch.int64).cumsum(0) - 1] = False
     return mask
 
 
@@ -196,6 +197,59 @@ def test_on_cuda_pinned_staging_and_one_gather(lens, mm_width):
         assert ours.input_ids.device.type == "cuda"
         assert_same_as_stock(inputs, ours, stock)
     assert "index_select" in ours.ops and ours.ops.count("cat") == 1, ours.ops
+
+
+# --- the loop's expressions, evaluated where the release evaluates them -----------------------
+
+WATCHED = ("input_ids", "extend_lens", "extend_seq_lens")
+
+
+def watched_batches(monkeypatch, limit=None):
+    """Batches from the harness that count the reads of the loop's source
+    and lengths (``batch.input_ids``, ``batch.extend_lens`` or
+    ``batch.extend_seq_lens``); ``input_ids`` raises once read more than
+    ``limit`` times."""
+    reads = dict.fromkeys(WATCHED, 0)
+
+    def watched(name):
+        def get(self):
+            reads[name] += 1
+            if name == "input_ids" and limit is not None and reads[name] > limit:
+                raise LookupError("batch.input_ids read where the release does not read it")
+            return self.__dict__[name]
+
+        def put(self, value):
+            self.__dict__[name] = value
+
+        return property(get, put)
+
+    batch_type = type("WatchedBatch", (types.SimpleNamespace,), {n: watched(n) for n in WATCHED})
+    make = draft_harness._batch
+    monkeypatch.setattr(draft_harness, "_batch", lambda inputs: batch_type(**vars(make(inputs))))
+    return reads
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("lens", [[], [5]], ids=["no request", "one request"])
+def test_where_the_release_loop_runs_its_expressions_are_read_as_the_release_reads_them(
+    monkeypatch, lens
+):
+    """An empty batch (and one request, which the gather leaves to the
+    release's loop): the loop's lengths are read once, and its source as
+    often as the release reads it; a source that fails on any further read
+    changes nothing."""
+    inputs = make_inputs(lens, mm_width=2, seed=3)
+    reads = watched_batches(monkeypatch)
+    stock = outcome(inputs, STOCK)
+    stock_reads = dict(reads)
+    flatgather.sglang.install()
+    assert rotation_in(current())
+    reads.update(dict.fromkeys(WATCHED, 0))
+    ours = outcome(inputs)
+    assert_same_as_stock(inputs, ours, stock)
+    assert reads == stock_reads
+    reads = watched_batches(monkeypatch, limit=stock_reads["input_ids"])
+    assert_same_as_stock(inputs, outcome(inputs), stock)
 
 
 # --- compiled code and CUDA-graph capture ----------------------------------------------------
@@ -446,10 +500,10 @@ def test_imports_inside_other_functions_do_not_disturb_the_check(tmp_path):
 def test_a_gather_that_differs_from_the_release_is_caught_before_patching():
     real = draft_prefill.rotate
 
-    def off_by_one(src, lens, tails, dst, *rest):
-        end = real(src, lens, tails, dst, *rest)
+    def off_by_one(**kwargs):
+        end = real(**kwargs)
         if end is not None:
-            dst[0] += 1
+            kwargs["dst"][0] += 1
         return end
 
     with mock.patch.object(draft_prefill, "rotate", off_by_one):
