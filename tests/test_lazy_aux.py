@@ -18,6 +18,7 @@ from _sglang import (
     assert_same,
     expected_pruned_states,
     metadata,
+    oracle_context,
     pruned_states,
 )
 from test_forward import HIDDEN, VOCAB, make_tensors, run_forward
@@ -128,7 +129,8 @@ def test_a_subclass_with_its_own_store_is_handed_the_pruned_aux_layers(aux_kind,
     processor, lm_head = make_processor(VOCAB, HIDDEN, cls=OwnStore)
     md = forward_metadata(EXTEND, START, capture, input_ids, [0] * 32, [None] * 32)
     OwnStore.handed.clear()
-    out = processor.forward(input_ids, hidden, lm_head, md, aux_hidden_states=aux)
+    with oracle_context():
+        out = processor.forward(input_ids, hidden, lm_head, md, aux_hidden_states=aux)
     assert len(OwnStore.handed) == 1
     assert_same(OwnStore.handed[0], expected[2])
     packed = expected[2] if aux_kind == "packed" else torch.cat(expected[2], -1)
