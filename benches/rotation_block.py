@@ -36,8 +36,10 @@ def main() -> int:
     tree = copy.deepcopy(method.tree)
     loop = dp._find_loop(method, tree)
     k = dp._top_index(tree, loop.node)
-    branch = dp._replace_loop(tree, loop, "flatgather_rotate", "flatgather_end")
-    stock, ours = dp._blocks(method, tree, k, branch, {"flatgather_rotate": dp.rotate})
+    names = dp._Names("flatgather_rotate", "flatgather_takes", "flatgather_lens", "flatgather_end")
+    branch = dp._replace_loop(tree, loop, names)
+    closure = {names.rotate: dp.rotate, names.takes: dp.takes}
+    stock, ours = dp._blocks(method, tree, k, branch, closure)
     params = [a.arg for a in (*method.tree.args.posonlyargs, *method.tree.args.args)]
     from flatgather.sglang.releases import sglang_release
 

@@ -15,10 +15,14 @@ import types
 import torch
 from _sglang import (
     CAPTURE_MODES,
+    PRUNES_AUX,
     ForwardMode,
     LogitsMetadata,
     LogitsProcessor,
     StockLogitsProcessor,
+    expected_pruned_states,
+    hidden_to_store,
+    metadata,
     oracle_context,
 )
 
@@ -32,12 +36,13 @@ def publish_server_args() -> None:
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
 
 
-def make_processor(vocab: int, hidden: int, seed: int = 0, stock: bool = False):
-    """A processor and its LM head; ``stock=True`` gives one that runs the
-    release's own code even while flatgather is installed."""
+def make_processor(vocab: int, hidden: int, seed: int = 0, stock: bool = False, cls=None):
+    """A processor (of ``cls``, a subclass, when given) and its LM head;
+    ``stock=True`` gives one that runs the release's own code even while
+    flatgather is installed."""
     publish_server_args()
     config = types.SimpleNamespace(vocab_size=vocab, hidden_size=hidden)
-    cls = StockLogitsProcessor if stock else LogitsProcessor
+    cls = cls or (StockLogitsProcessor if stock else LogitsProcessor)
     processor = cls(config, skip_all_gather=True)
     gen = torch.Generator().manual_seed(seed)
     lm_head = types.SimpleNamespace(weight=torch.randn(vocab, hidden, generator=gen))
@@ -129,3 +134,27 @@ def padded_forward_batch(extend, start, capture, input_ids, top, token_ids, padd
 
 def output_fields(output) -> dict:
     return {f.name: getattr(output, f.name) for f in dataclasses.fields(output)}
+
+
+def release_outputs(run, extend, start, capture, hidden, before_norm, aux) -> dict:
+    """The release's own outputs of a forward; ``run(capture)`` runs the
+    release's ``forward`` on the batch under that capture mode.
+
+    Where the release crashes (LAST capture with list aux layers before
+    SGLang PR #21589: ``torch.cat(None)``), still the release's own code: its
+    run under NULL capture for everything but the stored hidden states, and
+    for those its own ``_get_hidden_states_to_store`` (LAST) of its own
+    pruning of each aux layer as if it were ``hidden_states``."""
+    try:
+        return output_fields(run(capture))
+    except TypeError:
+        if PRUNES_AUX or capture != "LAST" or not isinstance(aux, list):
+            raise
+    outputs = output_fields(run("NULL"))
+    assert outputs["hidden_states"] is None
+    pruned = expected_pruned_states(
+        extend, start, hidden, before_norm, aux, metadata(extend, start)
+    )
+    stored_md = metadata(extend, start, "LAST")
+    outputs["hidden_states"] = hidden_to_store(hidden, before_norm, aux, pruned, stored_md)
+    return outputs

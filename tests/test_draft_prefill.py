@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 from unittest import mock
 
@@ -56,7 +57,7 @@ def defined_rows(lens, rows):
     """The rows of the rotated ``mm_input_embeds`` the release writes: all
     but each request's last."""
     mask = torch.ones(rows, dtype=torch.bool)
-    mask[torch.tensor(lens).cumsum(0) - 1] = False
+    mask[torch.tensor(lens, dtype=torch.int64).cumsum(0) - 1] = False
     return mask
 
 
@@ -196,6 +197,119 @@ def test_on_cuda_pinned_staging_and_one_gather(lens, mm_width):
         assert ours.input_ids.device.type == "cuda"
         assert_same_as_stock(inputs, ours, stock)
     assert "index_select" in ours.ops and ours.ops.count("cat") == 1, ours.ops
+
+
+# --- the loop's expressions, evaluated where the release evaluates them -----------------------
+
+WATCHED = ("input_ids", "extend_lens", "extend_seq_lens")
+
+
+def watched_batches(monkeypatch, limit=None):
+    """Batches from the harness that count the reads of the loop's source
+    and lengths (``batch.input_ids``, ``batch.extend_lens`` or
+    ``batch.extend_seq_lens``); ``input_ids`` raises once read more than
+    ``limit`` times."""
+    reads = dict.fromkeys(WATCHED, 0)
+
+    def watched(name):
+        def get(self):
+            reads[name] += 1
+            if name == "input_ids" and limit is not None and reads[name] > limit:
+                raise LookupError("batch.input_ids read where the release does not read it")
+            return self.__dict__[name]
+
+        def put(self, value):
+            self.__dict__[name] = value
+
+        return property(get, put)
+
+    batch_type = type("WatchedBatch", (types.SimpleNamespace,), {n: watched(n) for n in WATCHED})
+    make = draft_harness._batch
+    monkeypatch.setattr(draft_harness, "_batch", lambda inputs: batch_type(**vars(make(inputs))))
+    return reads
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("lens", [[], [5]], ids=["no request", "one request"])
+def test_where_the_release_loop_runs_its_expressions_are_read_as_the_release_reads_them(
+    monkeypatch, lens
+):
+    """An empty batch (and one request, which the gather leaves to the
+    release's loop): the loop's lengths are read once, and its source as
+    often as the release reads it; a source that fails on any further read
+    changes nothing."""
+    inputs = make_inputs(lens, mm_width=2, seed=3)
+    reads = watched_batches(monkeypatch)
+    stock = outcome(inputs, STOCK)
+    stock_reads = dict(reads)
+    flatgather.sglang.install()
+    assert rotation_in(current())
+    reads.update(dict.fromkeys(WATCHED, 0))
+    ours = outcome(inputs)
+    assert_same_as_stock(inputs, ours, stock)
+    assert reads == stock_reads
+    reads = watched_batches(monkeypatch, limit=stock_reads["input_ids"])
+    assert_same_as_stock(inputs, outcome(inputs), stock)
+
+
+# --- compiled code and CUDA-graph capture ----------------------------------------------------
+
+
+def rotation_args(device="cpu"):
+    """Three requests of lengths 3, 1, 2: ids, lengths, tails, destination."""
+    src = torch.arange(10, 16, device=device)
+    tails = torch.tensor([7, 8, 9], device=device)
+    return src, [3, 1, 2], tails, torch.zeros_like(src)
+
+
+ROTATED = [11, 12, 7, 8, 15, 9]
+
+
+def test_under_torch_compile_the_release_loop_is_traced():
+    """Compiled, ``rotate`` hands over at once: no plan, no graph break."""
+    src, lens, tails, dst = rotation_args()
+    compiled = torch.compile(
+        lambda s, t, d: draft_prefill.rotate(s, lens, t, d, None, None, 0),
+        fullgraph=True,
+        backend="eager",
+    )
+    assert compiled(src, tails, dst) is None
+    assert not dst.any()  # untouched
+    assert draft_prefill.rotate(src, lens, tails, dst, None, None, 0) == 6
+    assert dst.tolist() == ROTATED
+
+
+@pytest.mark.matrix
+def test_the_installed_method_runs_the_release_loop_while_compiling(monkeypatch):
+    inputs = make_inputs([2, 3, 1], mm_width=2, seed=5)
+    stock = draft_harness.run(worker, inputs, STOCK, count=True)
+    flatgather.sglang.install()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    ours = draft_harness.run(worker, inputs, count=True)
+    assert_same_as_stock(inputs, ours, stock)
+    assert ours.ops == stock.ops  # the release's own loop ran
+
+
+def test_a_capturing_cuda_stream_does_not_concern_a_cpu_rotation(monkeypatch):
+    """Only CUDA work is captured: on the CPU the gather applies as ever."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    src, lens, tails, dst = rotation_args()
+    assert draft_prefill.rotate(src, lens, tails, dst, None, None, 0) == 6
+    assert dst.tolist() == ROTATED
+
+
+@pytest.mark.cuda
+def test_while_a_cuda_stream_captures_the_release_loop_runs(monkeypatch):
+    src, lens, tails, dst = rotation_args("cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        end = draft_prefill.rotate(src, lens, tails, dst, None, None, 0)
+    assert end is None and not dst.any()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert draft_prefill.rotate(src, lens, tails, dst, None, None, 0) is None
+    monkeypatch.undo()
+    assert draft_prefill.rotate(src, lens, tails, dst, None, None, 0) == 6
+    assert dst.tolist() == ROTATED
 
 
 # --- one gather, whatever the batch size ------------------------------------------------------
@@ -386,10 +500,10 @@ def test_imports_inside_other_functions_do_not_disturb_the_check(tmp_path):
 def test_a_gather_that_differs_from_the_release_is_caught_before_patching():
     real = draft_prefill.rotate
 
-    def off_by_one(src, lens, tails, dst, *rest):
-        end = real(src, lens, tails, dst, *rest)
+    def off_by_one(**kwargs):
+        end = real(**kwargs)
         if end is not None:
-            dst[0] += 1
+            kwargs["dst"][0] += 1
         return end
 
     with mock.patch.object(draft_prefill, "rotate", off_by_one):

@@ -12,8 +12,9 @@ from _forward import (
     make_processor,
     output_fields,
     padded_forward_batch,
+    release_outputs,
 )
-from _sglang import CAPTURE_MODES, PACKED_AUX, PRUNES_AUX, assert_same, oracle_context
+from _sglang import CAPTURE_MODES, PACKED_AUX, assert_same, oracle_context
 from _strategies import batches
 from flatgather import PlanError
 from hypothesis import given
@@ -73,10 +74,18 @@ def run_forward(
 
 def both(*args, **kwargs):
     """The release's own forward and the installed one, on equal inputs."""
-    try:
-        stock = output_fields(run_forward(*args, **kwargs, stock=True))
-    except TypeError:
-        stock = None  # only the LAST + aux crash before PR #21589, checked below
+    extend, start, capture, aux_kind, seed, _, _, before_norm, *rest = args
+    pad = rest[0] if rest else 0
+    _, hidden, before, aux = make_tensors(extend, seed, aux_kind, before_norm, pad)
+    stock = release_outputs(
+        lambda mode: run_forward(extend, start, mode, *args[3:], **kwargs, stock=True),
+        extend,
+        start,
+        capture,
+        hidden,
+        before,
+        aux,
+    )
     flatgather.sglang.install()  # once per test: later calls return at once
     ours = output_fields(run_forward(*args, **kwargs))
     return stock, ours
@@ -96,12 +105,7 @@ def logprob_requests(draw):
     return extend, start, top, token_ids
 
 
-def check(stock, ours, extend, capture, aux_kind):
-    if stock is None:
-        # Before PR #21589: LAST capture with aux layers crashes the release.
-        assert not PRUNES_AUX and capture == "LAST" and aux_kind == "list"
-        assert ours["hidden_states"].shape == (len(extend), 3 * HIDDEN)
-        return
+def check(stock, ours):
     assert_same(ours, stock)
     for name in ("next_token_logits", "input_token_logprobs"):
         if ours[name] is not None:  # None where no request has an input logprob
@@ -134,7 +138,7 @@ def test_forward_outputs_identical(
         pad,
         sglang_padding=sglang_padding,
     )
-    check(stock, ours, extend, capture, aux_kind)
+    check(stock, ours)
 
 
 @pytest.mark.matrix
@@ -156,7 +160,7 @@ def test_padded_by_sglang_itself(capture, aux_kind, before_norm):
         17,
     )
     stock, ours = both(*args, sglang_padding=True)
-    check(stock, ours, [4, 5, 6], capture, aux_kind)
+    check(stock, ours)
 
 
 def test_seed_example_forward_with_everything_requested():

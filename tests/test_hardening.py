@@ -8,6 +8,7 @@ exception raised by the caller's own code (an ``__index__`` that raises,
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,16 @@ import flatgather.sglang as fs
 import numpy as np
 import pytest
 import torch
-from _sglang import STOCK_PRUNED_STATES, LogitsProcessor, assert_same, metadata, pruned_states
+from _sglang import (
+    STOCK_PRUNED_STATES,
+    TRAILING_TOKEN_TO_SEQ,
+    LogitsProcessor,
+    assert_same,
+    expected_pruned_states,
+    metadata,
+    pruned_states,
+    stock_pruned_states,
+)
 from _strategies import batches
 from flatgather import PlanError, _core, prune_plan, rotation_plan
 from flatgather._errors import KINDS
@@ -232,53 +242,88 @@ def test_fill_refuses_wrong_buffers():
         plan.fill(readonly)
 
 
+def release_indices(extend, start) -> dict:
+    """The index sets of the release's own ``_get_pruned_states``; the kept
+    rows read off the states it returns for a column of row numbers."""
+    rows = torch.arange(sum(extend), dtype=torch.float64).unsqueeze(1)
+    pruned, _, _, sample, input_logprob, token_to_seq = stock_pruned_states(
+        rows, None, None, metadata(extend, start)
+    )
+    if TRAILING_TOKEN_TO_SEQ:
+        token_to_seq = token_to_seq[:-1]  # the plan's token_to_seq has no trailing entry
+    return {
+        "gather": pruned.squeeze(1).long().tolist(),
+        "sample": sample.tolist(),
+        "input_logprob": input_logprob.tolist(),
+        "token_to_seq": list(token_to_seq),
+    }
+
+
 @given(batches(max_batch=256))
-def test_eight_threads_equal_serial(batch):
+def test_eight_threads_give_the_release_answer(batch):
+    """16 calls on 8 threads, each of ``prune_plan`` and of the installed
+    ``_get_pruned_states``: every one gives what the release's own code gives."""
     extend, start = batch
     rows = sum(extend)
     h = torch.randn(rows, 4)
     aux = [torch.randn(rows, 4) for _ in range(2)]
+    expected_states = expected_pruned_states(extend, start, h, None, aux, metadata(extend, start))
+    expected_indices = release_indices(extend, start)
     fs.install()
-    serial = pruned_states(h, None, aux, metadata(extend, start))
-    expected_plan = prune_plan(extend, start).buffer
     with ThreadPoolExecutor(8) as pool:
         results = list(
             pool.map(
                 lambda _: (
                     pruned_states(h, None, aux, metadata(extend, start)),
-                    prune_plan(extend, start).buffer,
+                    prune_plan(extend, start),
                 ),
                 range(16),
             )
         )
-    for states, buffer in results:
-        assert_same(states, serial)
-        assert torch.equal(buffer, expected_plan)
+    for states, plan in results:
+        assert_same(states, expected_states)
+        assert {name: getattr(plan, name).tolist() for name in expected_indices} == (
+            expected_indices
+        )
 
 
 def test_gil_is_released_while_a_large_plan_is_written():
+    """A Python thread runs while ``fill`` runs: it stamps the time between
+    short sleeps, and a stamp falls strictly between a fill's start and end.
+
+    The switch interval is raised to a minute for the test, so the main
+    thread is never made to hand over the GIL at a switch point between its
+    two clock readings: only a ``fill`` that releases the GIL lets the other
+    thread in there."""
     plan = _core.PrunePlan([4096] * 256, [0] * 256)  # 1M rows: well past the detach threshold
     out = np.empty(plan.buffer_len(True), dtype=np.int64)
-    ticks = 0
+    plan.fill(out)  # first touch of the pages, outside the timed calls
+    stamps: list[float] = []
     stop = threading.Event()
 
-    def ticker():
-        nonlocal ticks
+    def stamper():
         while not stop.is_set():
-            ticks += 1
+            stamps.append(time.perf_counter())
+            time.sleep(0.0002)  # releases the GIL, so the main thread never waits for it
 
-    thread = threading.Thread(target=ticker)
-    thread.start()
-    time.sleep(0.01)
-    before = ticks
-    for _ in range(50):
-        plan.fill(out)
-    during = ticks - before
-    stop.set()
-    thread.join()
-    # With the GIL held for the whole fill the ticker could only advance at
-    # the few switch points between calls.
-    assert during > 50
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    thread = threading.Thread(target=stamper)
+    try:
+        thread.start()
+        while not stamps:
+            time.sleep(0.001)
+        windows = []
+        for _ in range(20):
+            started = time.perf_counter()
+            plan.fill(out)
+            windows.append((started, time.perf_counter()))
+    finally:
+        stop.set()
+        thread.join(10)
+        sys.setswitchinterval(interval)
+    inside = [t for t in stamps if any(a < t < b for a, b in windows)]
+    assert inside, f"no stamp inside any of 20 fills ({len(stamps)} stamps in all)"
 
 
 def test_failed_install_leaves_sglang_exactly_as_it_was(monkeypatch):

@@ -94,6 +94,32 @@ def test_install_is_idempotent_and_uninstall_restores_the_original_objects():
     assert fs.installed_report() is None
 
 
+def test_uninstall_leaves_a_later_patch_by_someone_else_and_warns():
+    fs.install()
+    ours = vars(LogitsProcessor)["_get_pruned_states"]
+
+    def theirs(self, *args):
+        return ours(self, *args)
+
+    LogitsProcessor._get_pruned_states = theirs  # another library patches after flatgather
+    try:
+        with pytest.warns(RuntimeWarning, match="_get_pruned_states was replaced"):
+            assert fs.uninstall() is True
+        assert vars(LogitsProcessor)["_get_pruned_states"] is theirs
+        assert vars(LogitsProcessor)["forward"] is STOCK_FORWARD  # the others restored
+        assert not fs.is_installed()
+    finally:
+        LogitsProcessor._get_pruned_states = STOCK_PRUNED_STATES
+
+
+def test_uninstall_restores_without_a_word_where_nobody_else_patched():
+    fs.install()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fs.uninstall() is True
+    assert vars(LogitsProcessor)["_get_pruned_states"] is STOCK_PRUNED_STATES
+
+
 def _wrap_release(monkeypatch, change):
     """Replace the release's function by one whose result ``change`` alters:
     a release flatgather has not seen."""
@@ -155,6 +181,40 @@ def test_a_release_outside_the_table_is_verified_by_the_probe_alone(monkeypatch)
     report = fs.install()
     assert report.release == "0.5.99" and report.verified_by == "probe"
     assert any("not in flatgather's test matrix" in note for note in report.notes)
+
+
+@pytest.mark.parametrize("verified", [True, False])
+def test_a_release_outside_the_table_prunes_aux_lazily_only_where_the_probe_verified_it(
+    monkeypatch, verified
+):
+    monkeypatch.setattr(fs, "sglang_release", lambda: "0.5.99")
+    if not verified:
+        # A forward whose aux flow the probe cannot read off its bytecode.
+        @functools.wraps(STOCK_FORWARD)
+        def forward(self, *args, **kwargs):
+            return STOCK_FORWARD(self, *args, **kwargs)
+
+        monkeypatch.setattr(LogitsProcessor, "forward", forward)
+    report = fs.install()
+    assert report.verified_by == "probe" and report.lazy_aux is verified
+    assert any(p.endswith("LogitsProcessor.forward") for p in report.patched) is verified
+    assert any("lazy aux pruning left off" in note for note in report.notes) is not verified
+
+
+@pytest.mark.matrix
+def test_the_probe_builds_its_metadata_with_the_release_own_constructor(monkeypatch):
+    """A release whose logprob branch depends on a field that only its own
+    ``LogitsMetadata.from_forward_batch`` fills (here: shifts the sampled
+    rows where ``top_logprobs_nums`` is set, as it is in every real batch)
+    is refused: the probe saw the metadata the release builds."""
+
+    def shift_where_built_by_the_release(result, md):
+        return _shift_sample(result, md) if md.top_logprobs_nums is not None else result
+
+    assert probe.run(lp).metadata_note == ""  # the release's constructor runs on this host
+    _wrap_release(monkeypatch, shift_where_built_by_the_release)
+    with pytest.raises(fs.UnsupportedRelease, match="sample_indices"):
+        fs.install()
 
 
 def test_force_is_accepted_changes_nothing_and_says_so():

@@ -5,19 +5,23 @@ compared with the release's own forward."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import flatgather.sglang
 import pytest
 import torch
-from _forward import output_fields
+from _forward import forward_metadata, make_processor, output_fields
 from _sglang import (
     PACKED_AUX,
     PRUNES_AUX,
+    LogitsProcessor,
     assert_same,
     expected_pruned_states,
     metadata,
+    oracle_context,
     pruned_states,
 )
-from test_forward import HIDDEN, run_forward
+from test_forward import HIDDEN, VOCAB, make_tensors, run_forward
 from torch.utils._python_dispatch import TorchDispatchMode
 
 AUX_KINDS = ["list"] + (["packed"] if PACKED_AUX else [])
@@ -96,3 +100,38 @@ def test_callers_outside_forward_get_the_full_aux_result(aux_kind):
     flatgather.sglang.install(lazy_aux=True)
     actual = pruned_states(h, None, aux, metadata(EXTEND, START, "LAST"))
     assert_same(actual, expected)
+
+
+class OwnStore(LogitsProcessor):
+    """A model's processor with its own ``_get_hidden_states_to_store``,
+    which keeps what it is handed and stores the sampled aux rows."""
+
+    handed: ClassVar[list] = []
+
+    def _get_hidden_states_to_store(
+        self, hidden, before_norm, aux, pruned, pruned_before_norm, aux_pruned, sample, md
+    ):
+        self.handed.append(aux_pruned)
+        packed = aux_pruned if isinstance(aux_pruned, torch.Tensor) else torch.cat(aux_pruned, -1)
+        return packed[sample]
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("aux_kind", AUX_KINDS)
+@pytest.mark.parametrize("capture", ["LAST", "FULL", "NULL"])
+def test_a_subclass_with_its_own_store_is_handed_the_pruned_aux_layers(aux_kind, capture):
+    """Lazy aux pruning is for the release's store behind flatgather's
+    wrapper: a subclass that overrides it gets the pruned layers as the
+    release prunes them (with PR #21589 where the release lacks it)."""
+    input_ids, hidden, _, aux = make_tensors(EXTEND, 2, aux_kind, False, 0)
+    expected = expected_pruned_states(EXTEND, START, hidden, None, aux, metadata(EXTEND, START))
+    flatgather.sglang.install()
+    processor, lm_head = make_processor(VOCAB, HIDDEN, cls=OwnStore)
+    md = forward_metadata(EXTEND, START, capture, input_ids, [0] * 32, [None] * 32)
+    OwnStore.handed.clear()
+    with oracle_context():
+        out = processor.forward(input_ids, hidden, lm_head, md, aux_hidden_states=aux)
+    assert len(OwnStore.handed) == 1
+    assert_same(OwnStore.handed[0], expected[2])
+    packed = expected[2] if aux_kind == "packed" else torch.cat(expected[2], -1)
+    assert_same(out.hidden_states, packed[expected[3]])

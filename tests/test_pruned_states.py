@@ -26,9 +26,10 @@ from _sglang import (
     metadata,
     outcome,
     pruned_states,
+    stock_pruned_states,
 )
 from _strategies import batches
-from flatgather import PlanError
+from flatgather import PlanError, prune_plan
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -158,6 +159,58 @@ def test_zero_length_requests_get_the_release_answer():
     extend, start = [3, 0, 2], [0, 0, 1]
     h, b, aux = make_inputs(extend, 4, torch.float32, 4, False, "none", 1, pad=2)
     expected = outcome(expected_pruned_states, extend, start, h, b, aux, metadata(extend, start))
+    flatgather.sglang.install()
+    assert_same(outcome(pruned_states, h, b, aux, metadata(extend, start)), expected)
+
+
+# Batches the release takes (returning a result or failing its own assert)
+# and the plan refuses: (extend_seq_lens_cpu, extend_logprob_start_lens_cpu).
+REFUSED_BY_THE_PLAN = {
+    "fewer starts than lengths": ([4, 5, 6], [0, 5]),  # the release zips: two requests
+    "more starts than lengths": ([4, 5], [0, 5, 3]),
+    "a start past its length": ([4, 5, 6], [0, 7, 3]),
+    "a negative length": ([4, -2, 6], [0, 0, 3]),
+    "a negative start": ([4, 5, 6], [0, -1, 3]),
+    "no request": ([], []),
+    "a float length": ([4, 5.0, 6], [0, 5, 3]),
+    "a bool length": ([4, True, 6], [0, 0, 3]),
+}
+
+
+def odd_metadata(extend, start):
+    md = metadata([1], [0])
+    md.extend_seq_lens_cpu, md.extend_logprob_start_lens_cpu = list(extend), list(start)
+    return md
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("case", list(REFUSED_BY_THE_PLAN))
+def test_metadata_the_plan_refuses_gets_the_release_answer(case):
+    """The installed function hands such a batch to the release's own code:
+    the same result (and metadata afterwards), or the same exception type."""
+    extend, start = REFUSED_BY_THE_PLAN[case]
+    with pytest.raises(PlanError):
+        prune_plan(extend, start)
+    h, b, aux = make_inputs([4, 5, 6], 6, torch.float32, 4, True, "list", 2, pad=2)
+    md_stock, md_ours = odd_metadata(extend, start), odd_metadata(extend, start)
+    expected = outcome(stock_pruned_states, h, b, aux, md_stock)
+    flatgather.sglang.install()
+    assert_same(outcome(pruned_states, h, b, aux, md_ours), expected)
+    assert_same(metadata_state(md_ours), metadata_state(md_stock), "metadata")
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("tensor", ["hidden", "before_norm", "aux"])
+def test_a_0d_tensor_gets_the_release_answer(tensor):
+    extend, start = [4, 5, 6], [0, 5, 3]
+    h, b, aux = make_inputs(extend, 7, torch.float32, 4, True, "list", 2)
+    if tensor == "hidden":
+        h = h[0, 0]
+    elif tensor == "before_norm":
+        b = b[0, 0]
+    else:
+        aux = [aux[0], aux[1][0, 0]]
+    expected = outcome(stock_pruned_states, h, b, aux, metadata(extend, start))
     flatgather.sglang.install()
     assert_same(outcome(pruned_states, h, b, aux, metadata(extend, start)), expected)
 

@@ -7,6 +7,7 @@ flight, then restores everything at once."""
 
 from __future__ import annotations
 
+import importlib
 import random
 import sys
 import threading
@@ -14,17 +15,18 @@ import time
 
 import flatgather.sglang as fs
 import pytest
-from _forward import forward_metadata, make_processor, output_fields
-from _sglang import PRUNES_AUX, LogitsProcessor, assert_same, oracle_context
+from _forward import forward_metadata, make_processor, output_fields, release_outputs
+from _sglang import LogitsProcessor, assert_same, oracle_context
+from flatgather.sglang.patching import Prepared
 from test_forward import HIDDEN, VOCAB, make_tensors
 
 BATCHES = [([4, 5, 6], [0, 5, 3]), ([1], [0]), ([6] * 8, [0, 3, 6, 5] * 2), ([2, 9], [2, 0])]
 
 
-# The lazy path: list aux layers, LAST capture (only the sampled rows are
-# gathered); NULL capture (none) where the release predates PR #21589 and
-# its own forward crashes under LAST with aux layers.
-CAPTURE = "LAST" if PRUNES_AUX else "NULL"
+# LAST capture: the lazy path gathers only the sampled rows, and the
+# release's own _get_hidden_states_to_store reads the aux result, so a lazy
+# object that leaked to it would fail (a LazyAuxPruned raises on any use).
+CAPTURE = "LAST"
 
 
 class Forwards:
@@ -37,20 +39,42 @@ class Forwards:
         for i, (extend, start) in enumerate(BATCHES):
             input_ids, hidden, _before, aux = make_tensors(extend, i, "list", False, 3)
             self.inputs.append((extend, start, input_ids, hidden, aux))
-        fs.uninstall()
-        self.expected = [self.run(i) for i in range(len(BATCHES))]
+        self.expected = [self.run(i, stock=True) for i in range(len(BATCHES))]
+
+    def forward(self, processor, i: int, capture: str):
+        extend, start, input_ids, hidden, aux = self.inputs[i]
+        md = forward_metadata(
+            extend, start, capture, input_ids, [0] * len(extend), [None] * len(extend)
+        )
+        with oracle_context():
+            return processor.forward(input_ids, hidden, self.lm_head, md, aux_hidden_states=aux)
 
     def run(self, i: int, stock: bool = False) -> dict:
         """Batch ``i`` through the processor as it is now (patched or not),
-        or through the release's own code with ``stock``."""
-        extend, start, input_ids, hidden, aux = self.inputs[i]
-        md = forward_metadata(
-            extend, start, CAPTURE, input_ids, [0] * len(extend), [None] * len(extend)
+        or the release's own outputs with ``stock`` (see
+        :func:`_forward.release_outputs`: the release crashes here before
+        SGLang PR #21589)."""
+        if not stock:
+            return output_fields(self.forward(self.processor, i, CAPTURE))
+        extend, start, _, hidden, aux = self.inputs[i]
+        return release_outputs(
+            lambda capture: self.forward(self.stock_processor, i, capture),
+            extend,
+            start,
+            CAPTURE,
+            hidden,
+            None,
+            aux,
         )
-        processor = self.stock_processor if stock else self.processor
-        with oracle_context():
-            out = processor.forward(input_ids, hidden, self.lm_head, md, aux_hidden_states=aux)
-        return output_fields(out)
+
+    def release_crash(self, i: int) -> tuple[type, str] | None:
+        """How the release's own forward fails on batch ``i`` (LAST capture
+        with aux layers before SGLang PR #21589), or None."""
+        try:
+            self.forward(self.stock_processor, i, CAPTURE)
+        except TypeError as exc:
+            return type(exc), str(exc)
+        return None
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +87,14 @@ class PauseAfterPruning:
     ``_get_pruned_states`` returns (a lazy aux object in hand, before
     ``_get_hidden_states_to_store`` is looked up), until released."""
 
-    def __init__(self, code, at_pause=None) -> None:
+    def __init__(self, code, at_pause=None, on_resume=None) -> None:
         self.code = code
         self.paused = threading.Event()
         self.resume = threading.Event()
         self.at_pause = at_pause
         self.at_pause_result = None
+        self.on_resume = on_resume
+        self.on_resume_result = None
 
     def trace(self, frame, event, arg):
         if frame.f_code is not self.code:
@@ -81,6 +107,8 @@ class PauseAfterPruning:
                 self.at_pause_result = self.at_pause()
             self.paused.set()
             assert self.resume.wait(30)
+            if self.on_resume is not None:
+                self.on_resume_result = self.on_resume()
         return self.local
 
 
@@ -113,8 +141,7 @@ def test_uninstall_between_pruning_and_storing_waits_for_the_forward(forwards):
     uninstalled = threading.Event()
     uninstaller = threading.Thread(target=lambda: fs.uninstall() and uninstalled.set())
     uninstaller.start()
-    while state.gate._open:  # uninstall() has closed the gate and is waiting
-        time.sleep(0.001)
+    wait_for_the_gate_to_close(state.gate)
     assert not uninstalled.is_set() and fs.is_installed()
     # A forward that starts now gathers eagerly and is not waited for.
     assert_same(forwards.run(1), forwards.expected[1])
@@ -143,6 +170,28 @@ def test_uninstall_with_a_timeout_leaves_the_installation_whole(forwards):
     assert fs.uninstall() is True
 
 
+def test_a_timed_out_uninstall_leaves_the_gate_shut_for_another_that_waits(forwards):
+    fs.install()
+    state = fs._state
+    pause = PauseAfterPruning(vars(LogitsProcessor)["_get_pruned_states"].__code__)
+    forward_thread, result = run_paused(forwards, pause)
+    uninstalled = {}
+    waiting = threading.Thread(
+        target=lambda: uninstalled.update(result=_try(lambda: fs.uninstall(timeout=30))),
+        daemon=True,
+    )
+    waiting.start()
+    wait_for_the_gate_to_close(state.gate)
+    with pytest.raises(TimeoutError):
+        fs.uninstall(timeout=0.05)
+    assert not state.gate._open  # the first uninstall() still waits behind it
+    pause.resume.set()
+    forward_thread.join(30)
+    waiting.join(30)
+    assert uninstalled["result"] is True and not fs.is_installed()
+    assert_same(result["out"], forwards.expected[0])
+
+
 def test_uninstall_from_inside_a_forward_is_refused(forwards):
     fs.install()
     pause = PauseAfterPruning(
@@ -157,6 +206,59 @@ def test_uninstall_from_inside_a_forward_is_refused(forwards):
     assert fs.is_installed()
 
 
+def wait_for_the_gate_to_close(gate) -> None:
+    deadline = time.monotonic() + 30
+    while gate._open:  # until uninstall() has closed the gate and is waiting
+        assert time.monotonic() < deadline, "uninstall() did not close the gate within 30 s"
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("call", ["installed_report", "install", "a deferred module's import"])
+def test_a_forward_may_call_flatgather_while_uninstall_waits_for_it(
+    forwards, call, monkeypatch, tmp_path
+):
+    """``uninstall()`` waits for the forwards in flight without holding the
+    install lock: one that asks for the report, installs, or imports a module
+    a patch waits for finishes, and then everything is restored."""
+    if call == "a deferred module's import":
+        name = "flatgather_test_deferred_module"
+        (tmp_path / f"{name}.py").write_text("")
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        prepared = []
+        monkeypatch.setattr(fs, "DEFERRED", ((name, lambda m: prepared.append(m) or Prepared()),))
+
+        def action():
+            importlib.import_module(name)
+            return prepared
+    else:
+        action = getattr(fs, call)
+    before = dict(vars(LogitsProcessor))
+    fs.install()
+    state = fs._state
+    pause = PauseAfterPruning(
+        vars(LogitsProcessor)["_get_pruned_states"].__code__, on_resume=lambda: _try(action)
+    )
+    forward_thread, result = run_paused(forwards, pause)
+    uninstalled = {}
+    uninstaller = threading.Thread(
+        target=lambda: uninstalled.update(result=_try(lambda: fs.uninstall(timeout=5))),
+        daemon=True,
+    )
+    uninstaller.start()
+    wait_for_the_gate_to_close(state.gate)
+    pause.resume.set()
+    forward_thread.join(30)
+    uninstaller.join(30)
+    assert not isinstance(pause.on_resume_result, Exception), pause.on_resume_result
+    assert uninstalled["result"] is True  # not a TimeoutError
+    assert "error" not in result, result.get("error")
+    assert_same(result["out"], forwards.expected[0])
+    assert not fs.is_installed() and dict(vars(LogitsProcessor)) == before
+    if call == "a deferred module's import":
+        assert [m.__name__ for m in pause.on_resume_result] == [name]
+
+
 def _try(fn):
     try:
         return fn()
@@ -167,7 +269,8 @@ def _try(fn):
 @pytest.mark.matrix
 def test_threaded_soak_forwards_while_installs_toggle(forwards):
     """Four threads run forwards while the main thread installs and
-    uninstalls 25 times: every output is the release's, nothing raises."""
+    uninstalls 25 times: every output is the release's; nothing raises but
+    the release's own crash, where it has one, while uninstalled."""
     before = dict(vars(LogitsProcessor))
     errors, done, counts = [], threading.Event(), [0] * 4
     toggles = 25
@@ -178,9 +281,18 @@ def test_threaded_soak_forwards_while_installs_toggle(forwards):
             # The release's own outputs, computed on this thread: the CPU
             # thread settings that a matmul's rounding depends on are per thread.
             expected = [forwards.run(i, stock=True) for i in range(len(BATCHES))]
+            crashes = [forwards.release_crash(i) for i in range(len(BATCHES))]
             while not done.is_set() or counts[k] < 50:
                 i = rng.randrange(len(BATCHES))
-                assert_same(forwards.run(i), expected[i])
+                try:
+                    outputs = forwards.run(i)
+                except TypeError as exc:
+                    # Uninstalled at that moment, a release that crashes
+                    # here crashes exactly so (a leaked lazy object fails
+                    # differently).
+                    assert (type(exc), str(exc)) == crashes[i], exc
+                else:
+                    assert_same(outputs, expected[i])
                 counts[k] += 1
         except BaseException as exc:
             errors.append(exc)

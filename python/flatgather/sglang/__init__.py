@@ -132,22 +132,25 @@ _state: _Installed | None = None
 def _logits_processor_patches(module, verdict: Verdict, gate: LazyGate | None) -> list[Patch]:
     cls = module.LogitsProcessor
     raw = vars(cls)
+    store = None
+    if gate is not None:
+        store = make_hidden_states_to_store(raw["_get_hidden_states_to_store"])
     patches = [
         Patch(
             cls,
             "_get_pruned_states",
             make_pruned_states(
-                raw["_get_pruned_states"], verdict.contract, gate, lazy_full=verdict.lazy_full
+                raw["_get_pruned_states"],
+                verdict.contract,
+                gate,
+                lazy_full=verdict.lazy_full,
+                store=store,
             ),
         )
     ]
     if gate is not None:
         patches += [
-            Patch(
-                cls,
-                "_get_hidden_states_to_store",
-                make_hidden_states_to_store(raw["_get_hidden_states_to_store"]),
-            ),
+            Patch(cls, "_get_hidden_states_to_store", store),
             Patch(cls, "forward", make_forward(raw["forward"], gate)),
         ]
     return patches
@@ -270,6 +273,8 @@ def install(
             state.notes.append(f"lazy aux pruning left off: {verdict.lazy_aux_note}")
         elif lazy_aux and not verdict.lazy_full:
             state.notes.append(f"FULL capture gathers every kept aux row: {verdict.lazy_full_note}")
+        if verdict.metadata_note:
+            state.notes.append(verdict.metadata_note)
         if verdict.pin_neutralised:
             state.notes.append(
                 "this host has no CUDA and the release's _get_pruned_states pins memory "
@@ -310,30 +315,33 @@ def _cancel_pending(state: _Installed) -> None:
 
 def uninstall(timeout: float | None = None) -> bool:
     """Restore every patched attribute to the original object and forget
-    pending patches. Returns whether anything was installed.
+    pending patches. Returns whether this call uninstalled anything.
 
     Forwards already running finish with the patches they started with:
     ``uninstall()`` first lets no new forward use lazy aux pruning, waits for
-    those in flight to leave, then restores everything in one step. With a
-    ``timeout`` (seconds) that passes first, it raises ``TimeoutError`` and
-    leaves the installation as it was. Called from inside a patched
-    ``forward``, it raises ``RuntimeError`` (it would wait for itself).
+    those in flight to leave, then restores everything in one step. It waits
+    without holding the install lock, so a forward may meanwhile call
+    :func:`install` or :func:`installed_report`, or import a module a patch
+    waits for. With a ``timeout`` (seconds) that passes first, it raises
+    ``TimeoutError`` and leaves the installation as it was. Called from
+    inside a patched ``forward``, it raises ``RuntimeError`` (it would wait
+    for itself).
     """
     global _state
     with _lock:
         state = _state
         if state is None:
             return False
-        if state.gate is not None:
-            if state.gate.current():
-                raise RuntimeError(
-                    "flatgather.sglang.uninstall() called from inside LogitsProcessor.forward, "
-                    "which it would wait for"
-                )
-            if not state.gate.close(timeout):
-                raise TimeoutError(
-                    f"forwards still running after {timeout} s; flatgather stays installed"
-                )
+        if state.gate is not None and state.gate.current():
+            raise RuntimeError(
+                "flatgather.sglang.uninstall() called from inside LogitsProcessor.forward, "
+                "which it would wait for"
+            )
+    if state.gate is not None and not state.gate.close(timeout):
+        raise TimeoutError(f"forwards still running after {timeout} s; flatgather stays installed")
+    with _lock:
+        if _state is not state:
+            return False  # another uninstall() restored it meanwhile
         _state = None
         _cancel_pending(state)
         revert_all(state.patches)

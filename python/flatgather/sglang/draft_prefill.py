@@ -30,16 +30,23 @@ installed function's own syntax tree:
    rotation stock, with a note saying why.
 3. Only that ``for`` statement is replaced::
 
-       end = flatgather_rotate(SRC, LENS, TAILS, DST, MM, MM_DST, pt)
+       lens = LENS
+       end = flatgather_rotate(src=SRC, ..., lens=lens, pt=pt) if flatgather_takes(lens) else None
        if end is None:
-           <the release's for statement, unchanged>
+           <the release's for statement, iterating ``lens``>
        else:
            pt = end
+
+   The lengths are evaluated once, as the release's ``for`` evaluates them;
+   the source, tails and destinations only where the release's loop would
+   iterate at least once (:func:`takes`: two requests or more), in the order
+   its first iteration evaluates them.
 
    :func:`rotate` takes only inputs it reproduces exactly (positive lengths
    that sum to the rows of ``input_ids``, one tail per request, one device,
    and so on); for anything else it returns None before touching a tensor and
-   the release's own loop runs. Every other line of the method, the tail
+   the release's own loop runs; so it does under ``torch.compile`` and
+   while a CUDA stream is capturing a graph. Every other line of the method, the tail
    tokens of ``_eagle_prefill_tail_tokens`` included, runs as shipped, with
    the release's line numbers in tracebacks.
 4. Before anything is patched, the release's block (the statements of the
@@ -79,7 +86,7 @@ from flatgather._staging import stage
 from flatgather.sglang import source
 from flatgather.sglang.patching import Patch, Prepared
 
-__all__ = ["BACKPORT", "MODULE", "ROTATION", "DraftPatch", "prepare", "rotate"]
+__all__ = ["BACKPORT", "MODULE", "ROTATION", "DraftPatch", "prepare", "rotate", "takes"]
 
 MODULE = "sglang.srt.speculative.eagle_worker_v2"
 OWNER = "EagleDraftWorker"
@@ -117,6 +124,17 @@ def _as_list(lens):
     return None
 
 
+def takes(lens) -> bool:
+    """Whether :func:`rotate` may take lengths ``lens`` (a list or tuple, or
+    a 1-D tensor, of two or more): the rewritten method evaluates the loop's
+    other expressions for :func:`rotate` only then, when the release's loop
+    too would evaluate them (it iterates at least once). Anything else goes
+    to the release's loop, which evaluates what it evaluates."""
+    if isinstance(lens, (list, tuple)):
+        return len(lens) >= 2
+    return isinstance(lens, torch.Tensor) and lens.dim() == 1 and lens.shape[0] >= 2
+
+
 def rotate(src, lens, tails, dst, mm, mm_dst, pt) -> int | None:
     """Write the rotated ``src`` into ``dst`` and, when ``mm`` is given, the
     rotated ``mm`` into ``mm_dst``, as the release's loop does, and return the
@@ -129,6 +147,8 @@ def rotate(src, lens, tails, dst, mm, mm_dst, pt) -> int | None:
     place). The last row of each request of ``mm_dst`` is left to whatever the
     gather puts there: the release leaves it unwritten.
     """
+    if torch.compiler.is_compiling():
+        return None  # compiled code traces the release's loop: no graph break
     if type(pt) is not int or pt != 0:
         return None
     if isinstance(lens, (list, tuple)) and len(lens) < 2:
@@ -148,6 +168,9 @@ def rotate(src, lens, tails, dst, mm, mm_dst, pt) -> int | None:
         return None  # a cast the release's cat + copy might do differently
     device = src.device
     if tails.device != device or dst.device != device or not dst.is_contiguous():
+        return None
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # A CUDA graph must not capture a copy from our reused host buffers.
         return None
     if dst is not src and _shares_memory(dst, src):
         return None
@@ -425,38 +448,77 @@ def _find_loop(method: source.Method, tree: ast.FunctionDef) -> _Loop | str:
     return loop
 
 
-def _replace_loop(tree: ast.FunctionDef, loop: _Loop, helper: str, end: str) -> ast.If:
-    """Put the call of ``helper``, with the release's loop as its fallback,
-    in place of the loop; returns the new ``if``."""
+@dataclass(frozen=True)
+class _Names:
+    """The fresh names the rewrite introduces."""
+
+    rotate: str
+    takes: str
+    lens: str
+    end: str
+
+
+def _replace_loop(tree: ast.FunctionDef, loop: _Loop, names: _Names) -> ast.If:
+    """Put the call of :func:`rotate`, with the release's loop as its
+    fallback, in place of the loop; returns the new ``if``::
+
+        LENS_VAR = LENS
+        END = rotate(src=SRC, ...) if takes(LENS_VAR) else None
+        if END is None:
+            for I, LEN in enumerate(LENS_VAR): ...   # the release's loop
+        else:
+            PT = END
+
+    The lengths are evaluated once, first, as the release's ``for`` does;
+    the loop's other expressions only where the release's loop iterates at
+    least once, in the order its first iteration evaluates them."""
     node = loop.node
+
+    def load(name: str) -> ast.Name:
+        return ast.Name(name, ast.Load())
+
+    def ref(key: str) -> ast.expr:
+        return _load(loop.ref(key))
+
+    # Evaluated as the first iteration does: the source is sliced, then the
+    # destination's slice is looked up before the cat of the tails (copy_),
+    # or the cat comes before the store into the source (in place); then the
+    # mm_input_embeds test, and their destination.
+    keywords = [("src", ref("SRC"))]
+    if loop.in_place:
+        keywords += [("tails", ref("TAILS")), ("dst", ref("DST"))]
+    else:
+        keywords += [("dst", ref("DST")), ("tails", ref("TAILS"))]
     if loop.rotates_mm:
-        mm = _load(loop.ref("MM"))
         # MM_DST exists only where the release's loop would write it.
         mm_dst = ast.IfExp(
-            test=ast.Compare(_load(loop.ref("MM")), [ast.IsNot()], [ast.Constant(None)]),
-            body=_load(loop.ref("MM_DST")),
+            test=ast.Compare(ref("MM"), [ast.IsNot()], [ast.Constant(None)]),
+            body=ref("MM_DST"),
             orelse=ast.Constant(None),
         )
+        keywords += [("mm", ref("MM")), ("mm_dst", mm_dst)]
     else:
-        mm, mm_dst = ast.Constant(None), ast.Constant(None)
-    args = [_load(loop.ref(k)) for k in ("SRC", "LENS", "TAILS", "DST")]
+        keywords += [("mm", ast.Constant(None)), ("mm_dst", ast.Constant(None))]
+    keywords += [("lens", load(names.lens)), ("pt", load(loop.name("PT")))]
+    lens = ast.Assign(targets=[ast.Name(names.lens, ast.Store())], value=ref("LENS"))
     call = ast.Assign(
-        targets=[ast.Name(end, ast.Store())],
-        value=ast.Call(
-            ast.Name(helper, ast.Load()),
-            [*args, mm, mm_dst, ast.Name(loop.name("PT"), ast.Load())],
-            [],
+        targets=[ast.Name(names.end, ast.Store())],
+        value=ast.IfExp(
+            test=ast.Call(load(names.takes), [load(names.lens)], []),
+            body=ast.Call(load(names.rotate), [], [ast.keyword(k, v) for k, v in keywords]),
+            orelse=ast.Constant(None),
         ),
     )
     branch = ast.If(
-        test=ast.Compare(ast.Name(end, ast.Load()), [ast.Is()], [ast.Constant(None)]),
+        test=ast.Compare(load(names.end), [ast.Is()], [ast.Constant(None)]),
         body=[ast.Pass()],
-        orelse=[ast.Assign([ast.Name(loop.name("PT"), ast.Store())], ast.Name(end, ast.Load()))],
+        orelse=[ast.Assign([ast.Name(loop.name("PT"), ast.Store())], load(names.end))],
     )
-    _placed(call, node)
-    _placed(branch, node)
+    for new in (lens, call, branch):
+        _placed(new, node)
+    node.iter.args[0] = _placed(load(names.lens), node.iter.args[0])
     branch.body = [node]
-    _splice(tree, node, [call, branch])
+    _splice(tree, node, [lens, call, branch])
     return branch
 
 
@@ -545,8 +607,8 @@ class _Counting:
     def __init__(self) -> None:
         self.applied = 0
 
-    def __call__(self, *args):
-        end = rotate(*args)
+    def __call__(self, **kwargs):
+        end = rotate(**kwargs)
         self.applied += end is not None
         return end
 
@@ -655,7 +717,7 @@ def _snapshot(value, objects: dict, mask: torch.Tensor | None = None):
 
 
 def _verify(
-    method: source.Method, loop: _Loop, rewritten: ast.FunctionDef, k: int, branch, helper: str
+    method: source.Method, loop: _Loop, rewritten: ast.FunctionDef, k: int, branch, names: _Names
 ) -> str | None:
     """None when the rewritten block does what the release's does on every
     probe case (and the gather applies where it should); else what differs."""
@@ -671,7 +733,9 @@ def _verify(
     if not {"batch", "next_token_ids"} <= set(params):
         return f"the method's parameters {params} lack batch or next_token_ids"
     counting = _Counting()
-    stock, ours = _blocks(method, rewritten, k, branch, {helper: counting})
+    stock, ours = _blocks(
+        method, rewritten, k, branch, {names.rotate: counting, names.takes: takes}
+    )
     live = {
         n.id
         for stmt in tree.body[k + 1 :]
@@ -759,16 +823,16 @@ def _prepare(module) -> DraftPatch:
         return DraftPatch.refused(f"{WHERE} left stock: it is decorated")
     notes, applied, closure = [], [], {}
     taken = _taken_names(method)
-    helper, end = _fresh("flatgather_rotate", taken), _fresh("flatgather_end", taken)
+    names = _Names(*(_fresh(f"flatgather_{n}", taken) for n in ("rotate", "takes", "lens", "end")))
     tree = copy.deepcopy(method.tree)
     loop = _find_loop(method, tree)
     problem = loop if isinstance(loop, str) else None
     if problem is None:
         k = _top_index(tree, loop.node)
-        branch = _replace_loop(tree, loop, helper, end)
-        problem = _verify(method, loop, tree, k, branch, helper)
+        branch = _replace_loop(tree, loop, names)
+        problem = _verify(method, loop, tree, k, branch, names)
         if problem is None:
-            closure[helper] = rotate
+            closure[names.rotate], closure[names.takes] = rotate, takes
             applied.append(ROTATION)
         else:
             problem = f"checked against the release's own loop, {problem}"

@@ -3,6 +3,7 @@ patcher that waits for a module's import hands back."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +34,18 @@ class Patch:
         setattr(self.target, self.name, self.new)
 
     def revert(self) -> None:
+        """Put the original back, unless someone replaced ``new`` since:
+        theirs is left in place, with a warning."""
+        if vars(self.target).get(self.name, _MISSING) is not self.new:
+            warnings.warn(
+                f"flatgather: {self.where} was replaced after flatgather patched it; "
+                "that replacement is left in place, and the original is not restored",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return
         if self.original is _MISSING:
-            if self.name in vars(self.target):
-                delattr(self.target, self.name)
+            delattr(self.target, self.name)
         else:
             setattr(self.target, self.name, self.original)
 

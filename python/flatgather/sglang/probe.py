@@ -2,7 +2,12 @@
 flatgather's answer against it before anything is patched.
 
 :func:`run` calls the release's own function on a handful of small CPU
-batches, chosen so that every point on which releases differ shows:
+batches, their ``LogitsMetadata`` built as every real batch's is, by the
+release's own ``LogitsMetadata.from_forward_batch`` from a ``ForwardBatch``
+(by hand only for the branch check, which pairs every ``ForwardMode`` with
+either logprob flag, and where that constructor fails on the host, which the
+install report then notes). The batches are chosen so that every point on
+which releases differ shows:
 
 * a batch with start 0, start == extend and a start in between, B = 1 with
   one token, B = 1 with start == extend, several requests, each with and
@@ -40,6 +45,7 @@ no value, and the verdict says that it was done.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import dis
 import itertools
@@ -71,7 +77,7 @@ PAD_ROWS = 3
 BATCHES = (
     ([4, 5, 6], [0, 5, 3]),  # start 0, start == extend, in between
     ([1], [0]),  # B = 1, one token
-    ([3], [3]),  # B = 1, a chunk with nothing to score
+    ([3], [3]),  # B = 1, a chunk with nothing to score: the release asks no logprob
     ([2, 7, 1, 5], [2, 0, 0, 5]),
 )
 AUX_KINDS = ("none", "list", "empty-list", "packed")
@@ -100,6 +106,9 @@ class Verdict:
     pin_neutralised: bool
     """The release's function pins memory unconditionally and this host has
     no CUDA: the probe ran it with ``pin_memory=False``."""
+    metadata_note: str = ""
+    """Why the probe built some metadata by hand rather than with the
+    release's own ``from_forward_batch``, when it did."""
 
 
 RESULT_FIELDS = (
@@ -186,19 +195,71 @@ class _Release:
     """The release's classes and its own functions, called as the probe needs."""
 
     def __init__(self, module: ModuleType, no_pin: Unpinned | None) -> None:
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+        from sglang.srt.model_executor.forward_batch_info import (
+            CaptureHiddenMode,
+            ForwardBatch,
+            ForwardMode,
+        )
 
         self.metadata_cls = module.LogitsMetadata
+        self.batch_cls = ForwardBatch
         self.forward_mode = ForwardMode
         self.capture_mode = CaptureHiddenMode
         self.fields = {f.name for f in dataclasses.fields(self.metadata_cls)}
+        self.batch_fields = {f.name for f in dataclasses.fields(ForwardBatch)}
         raw = vars(module.LogitsProcessor)
         self.pruned_states = raw["_get_pruned_states"]
         self.hidden_to_store = raw["_get_hidden_states_to_store"]
         self.forward = raw["forward"]
         self.no_pin = no_pin
+        self.built: dict = {}
+        self.by_hand_note = ""
+        """Why some metadata was built by hand, when it was."""
 
     def metadata(self, extend, start, capture="NULL", mode=None):
+        """EXTEND metadata with input logprobs as every real batch has it:
+        built by the release's own ``LogitsMetadata.from_forward_batch`` from
+        a ``ForwardBatch`` (once per batch; each call gets a copy). By hand
+        for another ``mode`` (the branch check pairs every mode with either
+        flag), or where the release's constructor fails on this host."""
+        if mode is not None:
+            return self._by_hand(extend, start, capture, mode)
+        key = (tuple(extend), tuple(start), capture)
+        template = self.built.get(key)
+        if template is None:
+            try:
+                template = self._from_forward_batch(extend, start, capture)
+            except Exception as exc:
+                self.by_hand_note = self.by_hand_note or (
+                    "the probe built LogitsMetadata by hand: the release's "
+                    f"from_forward_batch failed: {type(exc).__name__}: {exc}"
+                )
+                template = self._by_hand(extend, start, capture, None)
+            self.built[key] = template
+        return copy.copy(template)
+
+    def _from_forward_batch(self, extend, start, capture):
+        bs, tokens = len(extend), sum(extend)
+        values = {
+            "forward_mode": self.forward_mode.EXTEND,
+            "batch_size": bs,
+            "input_ids": torch.zeros(tokens, dtype=torch.int64),
+            "req_pool_indices": torch.arange(bs),
+            "seq_lens": torch.tensor(extend),
+            "out_cache_loc": torch.arange(tokens),
+            "seq_lens_sum": tokens,
+            "return_logprob": True,
+            "extend_seq_lens": torch.tensor(extend, dtype=torch.int32),
+            "extend_seq_lens_cpu": list(extend),
+            "extend_logprob_start_lens_cpu": list(start),
+            "top_logprobs_nums": [0] * bs,
+            "token_ids_logprobs": [None] * bs,
+            "capture_hidden_mode": getattr(self.capture_mode, capture),
+        }
+        batch = self.batch_cls(**{k: v for k, v in values.items() if k in self.batch_fields})
+        return self.metadata_cls.from_forward_batch(batch)
+
+    def _by_hand(self, extend, start, capture, mode):
         values = {
             "forward_mode": self.forward_mode.EXTEND if mode is None else mode,
             "capture_hidden_mode": getattr(self.capture_mode, capture),
@@ -355,12 +416,13 @@ def aux_flow_problem(forward) -> str | None:
     return None
 
 
-def _lazy_store(gate, pruned_states, store, h, b, aux, md):
-    """What ``store`` stores from ``pruned_states``'s result, both run as
-    inside a patched ``forward``."""
+def _lazy_store(gate, pruned_states, processor, h, b, aux, md):
+    """What ``processor``'s store stores from ``pruned_states``'s result,
+    both run as inside a patched ``forward``."""
+    store = type(processor)._get_hidden_states_to_store
     with lazy_scope(gate):
-        result = pruned_states(None, h, b, aux, md)
-        return _outcome(store, None, h, b, aux, *result[:4], md)
+        result = pruned_states(processor, h, b, aux, md)
+        return _outcome(store, processor, h, b, aux, *result[:4], md)
 
 
 # The lazy check's batches: the seed batch, and 32 requests of every kind.
@@ -378,11 +440,13 @@ def _check_lazy(release: _Release, contract: Contract) -> tuple[str | None, str 
     if problem:
         return problem, problem
     gate = LazyGate()
+    store = make_hidden_states_to_store(release.hidden_to_store)
+    # Lazy aux pruning applies to a processor whose class's store is the wrapper.
+    processor = type("ProbedProcessor", (), {"_get_hidden_states_to_store": store})()
     lazy = {
-        full: make_pruned_states(release.pruned_states, contract, gate, lazy_full=full)
+        full: make_pruned_states(release.pruned_states, contract, gate, lazy_full=full, store=store)
         for full in (False, True)
     }
-    store = make_hidden_states_to_store(release.hidden_to_store)
     kinds = ("list", "packed") if contract.packed_aux else ("list",)
     variants = ((False, 0), (True, PAD_ROWS))  # (before-norm states, padding rows)
     full_problem = None
@@ -402,12 +466,16 @@ def _check_lazy(release: _Release, contract: Contract) -> tuple[str | None, str 
 
         inputs = (h, b, aux, release.metadata(extend, start, capture))
         if capture == "FULL" and full_problem is None:
-            found = first_difference(_lazy_store(gate, lazy[True], store, *inputs), expected, where)
+            found = first_difference(
+                _lazy_store(gate, lazy[True], processor, *inputs), expected, where
+            )
             if found is None:
                 continue
             full_problem = f"the release's FULL store reads the pruned aux layers: {found}"
             inputs = (*inputs[:3], release.metadata(extend, start, capture))
-        found = first_difference(_lazy_store(gate, lazy[False], store, *inputs), expected, where)
+        found = first_difference(
+            _lazy_store(gate, lazy[False], processor, *inputs), expected, where
+        )
         if found:
             return found, full_problem or found
     return None, full_problem
@@ -467,4 +535,5 @@ def run(logits_processor: ModuleType) -> Verdict:
         cases=cases,
         seconds=time.perf_counter() - started,
         pin_neutralised=bool(no_pin and no_pin.hits),
+        metadata_note=release.by_hand_note,
     )

@@ -3,11 +3,14 @@ aux pruning that rides on it.
 
 Only the branch "prefill with input logprobs" is replaced; decode, verify,
 draft-extend-v2, prefill without logprobs, compiled code and CUDA-graph
-capture run the release's own code. Metadata the plan refuses but the release
-accepts (requests of length 0) also goes to the release's own code, so the
-answer is always the release's. ``hidden_states`` may have more rows than the
-batch has tokens (CUDA-graph buckets, DP-attention padding): those rows are
-never read. Fewer rows than tokens is a :class:`flatgather.PlanError`.
+capture run the release's own code. So does every batch the plan refuses (a
+request of length 0, lengths and starts of different counts, a start past its
+length, a negative or non-integer value, no request, a 0-d tensor), so the
+answer, result or error, is the release's. ``hidden_states`` may have more
+rows than the batch has tokens (CUDA-graph buckets, DP-attention padding):
+those rows are never read. Fewer rows than tokens is a
+:class:`flatgather.PlanError`, the one error of flatgather's own here: the
+release's function returns states shorter than its ``sample_indices`` assume.
 
 Lazy aux pruning: in that branch SGLang gathers every logprob row of every
 EAGLE3 aux layer, yet ``forward`` only hands them to
@@ -16,7 +19,9 @@ rows, under NULL capture none, and under FULL capture none either: it stores
 the unpruned aux layers (the capture mode of the EAGLE3 target prefill).
 Inside ``LogitsProcessor.forward`` the aux result is therefore a
 :class:`LazyAuxPruned` that the wrapped ``_get_hidden_states_to_store``
-resolves to exactly the rows it reads. Under FULL it is handed on unresolved,
+resolves to exactly the rows it reads (only for a processor whose class's
+``_get_hidden_states_to_store`` is that wrapper: a subclass with a store of
+its own gets the pruned layers). Under FULL it is handed on unresolved,
 and only where the probe saw the release's own store leave it untouched (a
 :class:`LazyAuxPruned` fails on any use). Anywhere else the aux layers are
 pruned in full as the release does.
@@ -115,8 +120,6 @@ def uses_release_code(metadata) -> bool:
 
 
 def _check_rows(name: str, tensor: torch.Tensor, tokens: int) -> None:
-    if tensor.dim() == 0:
-        raise PlanError(f"{name} is a 0-d tensor; it needs one row per token", "bad_tensor")
     rows = tensor.shape[0]
     if rows < tokens:
         raise PlanError(
@@ -195,6 +198,7 @@ class LazyGate:
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._open = True
+        self._closers = 0
         self._inflight = 0
 
     def enter(self) -> bool:
@@ -217,12 +221,15 @@ class LazyGate:
 
     def close(self, timeout: float | None = None) -> bool:
         """Let no new forward in, then wait for those in flight to leave.
-        On timeout the gate opens again and False is returned."""
+        On timeout False is returned, and the gate opens again unless
+        another caller is still closing it."""
         with self._cond:
             self._open = False
+            self._closers += 1
             if self._cond.wait_for(lambda: self._inflight == 0, timeout):
                 return True
-            self._open = True
+            self._closers -= 1
+            self._open = self._closers == 0
             return False
 
 
@@ -299,12 +306,15 @@ def make_pruned_states(
     contract: Contract,
     gate: LazyGate | None = None,
     lazy_full: bool = False,
+    store: Callable | None = None,
 ) -> Callable:
     """A ``_get_pruned_states`` that returns what ``original`` returns under
     ``contract``, with one plan, one host-to-device copy and one
     ``index_select`` per tensor in the logprob branch. With a ``gate``, aux
-    layers are pruned lazily inside the forwards it counts; under FULL
-    capture only with ``lazy_full`` (none of them is then gathered)."""
+    layers are pruned lazily inside the forwards it counts, for a processor
+    whose class's ``_get_hidden_states_to_store`` is ``store`` (the wrapper
+    that resolves them); under FULL capture only with ``lazy_full`` (none of
+    them is then gathered)."""
 
     def _plan(hidden_states, aux_hidden_states, logits_metadata):
         """The batch's plan, or None where the release's own code runs."""
@@ -319,11 +329,11 @@ def make_pruned_states(
             return PrunePlan(
                 logits_metadata.extend_seq_lens_cpu, logits_metadata.extend_logprob_start_lens_cpu
             )
-        except PlanError as exc:
-            if exc.kind != "zero_extend":
-                raise
-            # A request with no token (SGLang pads batches with them) is
-            # outside the plan; the release's code decides what it means.
+        except PlanError:
+            # Metadata outside the plan (a request with no token, as SGLang
+            # pads batches with them; lengths and starts of different counts,
+            # which the release zips; a start past its length, which fails
+            # the release's own assert; ...): the release's code decides.
             return None
 
     @functools.wraps(original)
@@ -337,16 +347,20 @@ def make_pruned_states(
             )
         packed = isinstance(aux_hidden_states, torch.Tensor)
         device = hidden_states.device
-        tokens = plan.num_tokens
-        _check_rows("hidden_states", hidden_states, tokens)
+        named = [("hidden_states", hidden_states)]
         if hidden_states_before_norm is not None:
-            _check_rows("hidden_states_before_norm", hidden_states_before_norm, tokens)
-        if aux_hidden_states is not None:
-            if packed:
-                _check_rows("aux_hidden_states", aux_hidden_states, tokens)
-            else:
-                for j, layer in enumerate(aux_hidden_states):
-                    _check_rows(f"aux_hidden_states[{j}]", layer, tokens)
+            named.append(("hidden_states_before_norm", hidden_states_before_norm))
+        if packed:
+            named.append(("aux_hidden_states", aux_hidden_states))
+        elif aux_hidden_states is not None:
+            named += [(f"aux_hidden_states[{j}]", t) for j, t in enumerate(aux_hidden_states)]
+        if any(t.dim() == 0 for _, t in named):
+            # No rows to slice: the release's code fails its own way.
+            return original(
+                self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
+            )
+        for name, tensor in named:
+            _check_rows(name, tensor, plan.num_tokens)
 
         index = stage(
             plan.buffer_len(False), functools.partial(plan.fill, token_to_seq=False), device
@@ -362,7 +376,14 @@ def make_pruned_states(
         )
         if aux_hidden_states is None:
             aux_pruned_states = None
-        elif gate is not None and gate.current() and _lazy_pays(logits_metadata, plan, lazy_full):
+        elif (
+            gate is not None
+            and gate.current()
+            # A subclass's own store would be handed the lazy object unresolved.
+            and store is not None
+            and getattr(type(self), "_get_hidden_states_to_store", None) is store
+            and _lazy_pays(logits_metadata, plan, lazy_full)
+        ):
             aux_pruned_states = LazyAuxPruned(aux_hidden_states, gather, sample_indices)
         else:
             aux_pruned_states = _gather_aux(aux_hidden_states, gather)
