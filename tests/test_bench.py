@@ -186,7 +186,7 @@ def test_sglang_flag_finds_the_release_from_anywhere(tmp_path):
 
 @pytest.fixture
 def tiny(monkeypatch):
-    from flatgather.bench import forward, host_cost, pruned_states
+    from flatgather.bench import forward, host_cost, logprobs, pruned_states
 
     monkeypatch.setitem(
         sections.TIMINGS, "quick", sections.Timing(samples=3, warmup_s=0.001, sample_s=0.0005)
@@ -198,12 +198,16 @@ def tiny(monkeypatch):
             Grid((1, 6), (4,), (hidden,), ("bf16",), ((0, "none"), (2, "list")), 512),
         )
     monkeypatch.setitem(
-        forward.GRIDS, "quick", forward.Grid((1, 6), (4,), ("LAST",), ("list",), 512)
+        forward.GRIDS,
+        "quick",
+        forward.Grid((1, 6), (4,), ("LAST", "FULL"), ("list",), 512, (forward.TOP_IDS,)),
     )
     monkeypatch.setattr(forward, "HIDDEN", 16)
+    monkeypatch.setitem(logprobs.GRIDS, "quick", logprobs.Grid((1, 6), (1, 4)))
+    monkeypatch.setattr(logprobs, "VOCAB", 1024)
 
 
-IN_PROCESS = ("pruned-states", "host-cost", "forward")
+IN_PROCESS = ("pruned-states", "host-cost", "forward", "logprobs")
 
 
 def bench(capsys, *args) -> tuple[int, str, str]:
@@ -236,9 +240,11 @@ def test_the_sections_run_and_report_reads_the_json_back(tiny, tmp_path, capsys)
         for row in section["rows"]:
             if "skipped" in row:
                 continue
-            assert set(row["time"]) == set(section["variants"])
+            # Some variants belong to some rows only (forward's floor: FULL).
+            assert {"stock", "flatgather"} <= set(row["time"]) <= set(section["variants"])
             assert "stock/flatgather" in row["ratios"]
             assert row["aten_ops"]["stock"] > 0
+            assert set(row["syncs"]) == set(row["aten_ops"])
 
     md, png = tmp_path / "r.md", tmp_path / "r.png"
     assert report.main([str(path), "--markdown", str(md), "--plot", str(png)]) == 0
