@@ -12,16 +12,12 @@ difference, patches nothing, and the server starts as shipped.
 """
 
 import os
-import sys
 
 ENV = "FLATGATHER_SGLANG"
-LOG_ENV = "FLATGATHER_LOG_LEVEL"
 TARGET = "sglang.srt.layers.logits_processor"
 OFF = ("", "0", "false", "off", "no")
 """Values of the variable that mean off (case and spaces ignored); the
 ``.pth`` line tests the same ones."""
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
 _armed = False
 
 
@@ -34,39 +30,12 @@ def mode() -> str | None:
     return "force" if value == "force" else "on"
 
 
-def logger():
-    """flatgather's logger, writing to stderr at ``FLATGATHER_LOG_LEVEL``.
-
-    Activation happens during imports, before SGLang configures logging, so
-    the logger has its own handler. An unknown level is reported and INFO is
-    used: a typo must not stop a server from starting.
-    """
-    import logging
-
-    log = logging.getLogger("flatgather")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("[flatgather] %(levelname)s %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-        wanted = os.environ.get(LOG_ENV, "INFO").strip().upper() or "INFO"
-        if wanted not in LEVELS:
-            log.setLevel(logging.INFO)
-            log.warning(
-                "%s=%s is not a log level (%s); using INFO",
-                LOG_ENV,
-                os.environ.get(LOG_ENV),
-                ", ".join(LEVELS),
-            )
-        else:
-            log.setLevel(wanted)
-    return log
-
-
 def _on_import(module) -> None:
-    log = logger()
     import flatgather
     from flatgather import sglang as fs
+    from flatgather._log import logger
+
+    log = logger()
 
     if mode() == "force":
         log.info("%s=force is no longer needed: every release is probed before it is patched", ENV)
@@ -103,4 +72,6 @@ def arm() -> None:
         _import_hooks.when_imported(TARGET, _on_import)
     except Exception:
         # Never take the process down: SGLang runs unpatched.
+        from flatgather._log import logger
+
         logger().exception("flatgather activation failed; SGLang runs unpatched")

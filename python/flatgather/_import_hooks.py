@@ -82,7 +82,7 @@ class _Finder:
                 callback(module)
             except Exception:
                 # A failed patch must not fail the import it rides on.
-                from flatgather._activate import logger
+                from flatgather._log import logger
 
                 logger().exception("flatgather: post-import hook for %s failed", module.__name__)
 
