@@ -16,7 +16,8 @@ import flatgather
 import numpy as np
 import pytest
 from conftest import RELEASE
-from flatgather.bench import machine, report, run, sections, sglang_env, stats
+from flatgather import _sglang_dirs
+from flatgather.bench import machine, report, run, sections, stats
 from flatgather.bench.cases import Grid
 
 if RELEASE is None:
@@ -116,21 +117,21 @@ def fake_release(root: Path, version: str, complete: bool = True) -> Path:
 
 
 def test_releases_side_by_side_are_found_by_version(tmp_path, monkeypatch):
-    monkeypatch.setenv(sglang_env.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(_sglang_dirs.DIR_ENV, str(tmp_path))
     monkeypatch.chdir(tmp_path)
     fake_release(tmp_path, "0.5.9")
     wanted = fake_release(tmp_path, "0.5.10.post1")
     fake_release(tmp_path, "0.5.11", complete=False)  # setup did not finish it
-    found = sglang_env.available()
+    found = _sglang_dirs.available()
     assert list(found)[:2] == ["0.5.10.post1", "0.5.9"]
     assert "0.5.11" not in found
-    resolved = sglang_env.resolve("0.5.10.post1")
+    resolved = _sglang_dirs.resolve("0.5.10.post1")
     assert resolved == wanted.resolve() and resolved.is_absolute()
-    with pytest.raises(sglang_env.SGLangNotFound, match=r"no such release.*0\.5\.10\.post1"):
-        sglang_env.resolve("0.5.99")
-    assert sglang_env.resolve(str(wanted)) == wanted.resolve()
-    with pytest.raises(sglang_env.SGLangNotFound, match="holds no sglang package"):
-        sglang_env.resolve(str(tmp_path))
+    with pytest.raises(_sglang_dirs.SGLangNotFound, match=r"no such release.*0\.5\.10\.post1"):
+        _sglang_dirs.resolve("0.5.99")
+    assert _sglang_dirs.resolve(str(wanted)) == wanted.resolve()
+    with pytest.raises(_sglang_dirs.SGLangNotFound, match="holds no sglang package"):
+        _sglang_dirs.resolve(str(tmp_path))
 
 
 def bench_child(args, tmp_path, **extra_env):

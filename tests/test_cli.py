@@ -205,3 +205,18 @@ def test_editable_install_doctor_fails_until_install_pth(editable_env):
 
     removed = run(["-m", "flatgather", "install-pth", "--remove"], python=python, env=env, cwd=cwd)
     assert removed.returncode == 0 and "removed" in removed.stdout
+
+
+def test_the_runtime_imports_nothing_of_the_benchmark(tmp_path):
+    """install(), the switch and doctor run without the bench package: it is
+    a tool that ships with flatgather, not a part of it."""
+    code = (
+        "import sys\n"
+        "import flatgather.sglang as fs, flatgather.doctor as doctor\n"
+        "fs.install(); fs.uninstall()\n"
+        "doctor.main(['--runs', '1'])\n"
+        "bench = sorted(m for m in sys.modules if m.startswith('flatgather.bench'))\n"
+        "assert not bench, bench\n"
+    )
+    out = run(["-c", code], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]

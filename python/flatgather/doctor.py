@@ -102,7 +102,7 @@ def check_sglang(probe: bool) -> list[Check]:
 
     spec = importlib.util.find_spec("sglang")
     if spec is None:
-        from flatgather.bench.sglang_env import describe_available
+        from flatgather._sglang_dirs import describe_available
 
         return [
             Check(
@@ -341,11 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.sglang:
-        from flatgather.bench import sglang_env
+        from flatgather import _sglang_dirs
 
         try:
-            sglang_env.select(args.sglang)
-        except sglang_env.SGLangNotFound as exc:
+            _sglang_dirs.select(args.sglang)
+        except _sglang_dirs.SGLangNotFound as exc:
             print(f"flatgather doctor: error: {exc}", file=sys.stderr)
             return 2
     checks = check_package()

@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from flatgather.bench import machine, sections, sglang_env
+from flatgather import _sglang_dirs
+from flatgather.bench import machine, sections
 
 SCHEMA = 2
 
@@ -50,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="VERSION|DIR",
         help="measure this release, installed side by side by .ci/setup (e.g. 0.5.23), "
         f"or the SGLang in DIR; default: the SGLang installed in the environment. "
-        f"${sglang_env.DIR_ENV} names another directory of releases",
+        f"${_sglang_dirs.DIR_ENV} names another directory of releases",
     )
     parser.add_argument(
         "--threads",
@@ -214,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1:
         return error("--threads must be at least 1")
     try:
-        release = sglang_env.select(args.sglang)
-    except sglang_env.SGLangNotFound as exc:
+        release = _sglang_dirs.select(args.sglang)
+    except _sglang_dirs.SGLangNotFound as exc:
         return error(str(exc))
 
     import torch
