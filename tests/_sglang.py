@@ -6,6 +6,7 @@ import flatgather.sglang
 import pytest
 import torch
 from conftest import RELEASE, ROW
+from flatgather.sglang.compare import first_difference
 from flatgather.sglang.standins import unpinned_without_cuda
 
 if RELEASE is None:
@@ -145,23 +146,6 @@ def outcome(fn, *args):
 
 def assert_same(actual, expected, path="result"):
     """Same type, and for tensors same dtype, shape, device, contiguity and
-    bytes (NaN padding included)."""
-    assert type(actual) is type(expected), f"{path}: {type(actual)} != {type(expected)}"
-    if isinstance(expected, torch.Tensor):
-        assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"
-        assert actual.shape == expected.shape, f"{path}: shape {actual.shape} != {expected.shape}"
-        assert actual.device == expected.device, f"{path}: device"
-        assert actual.is_contiguous() == expected.is_contiguous(), f"{path}: contiguity"
-        a = actual.contiguous().view(torch.uint8)
-        e = expected.contiguous().view(torch.uint8)
-        assert torch.equal(a, e), f"{path}: values differ"
-    elif isinstance(expected, dict):
-        assert actual.keys() == expected.keys(), f"{path}: keys differ"
-        for key in expected:
-            assert_same(actual[key], expected[key], f"{path}.{key}")
-    elif isinstance(expected, (list, tuple)):
-        assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_same(a, e, f"{path}[{i}]")
-    else:
-        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+    bytes (NaN padding included): the comparison flatgather's own checks make."""
+    found = first_difference(actual, expected, path)
+    assert found is None, found

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from flatgather.bench.sections import Timing
 from flatgather.bench.stats import host_clock, measure_side_by_side
+from flatgather.sglang.compare import first_difference
 
 
 class _CountOps(TorchDispatchMode):
@@ -153,20 +154,8 @@ class Timer:
 
 
 def same(a, b) -> bool:
-    """Same type, and for tensors the same dtype, shape and bytes."""
-    if isinstance(a, torch.Tensor):
-        return (
-            isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and a.device == b.device
-            and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-        )
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
+    """The same value, by the comparison flatgather's own checks make."""
+    return first_difference(a, b) is None
 
 
 class Mismatch(AssertionError):

@@ -723,7 +723,7 @@ def _verify(
     probe case (and the gather applies where it should); else what differs."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from flatgather.sglang.probe import first_difference
+    from flatgather.sglang.compare import first_difference
 
     tree = method.tree
     a = tree.args

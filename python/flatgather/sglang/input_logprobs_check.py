@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
+from flatgather.sglang.compare import first_difference
 from flatgather.sglang.input_logprobs import CHUNK, PREFILL, Walk, make_chunk, make_prefill
 from flatgather.sglang.patching import Patch, Prepared
-from flatgather.sglang.probe import first_difference
 
 __all__ = ["MODULES", "TOKEN_IDS", "prepare"]
 

@@ -87,6 +87,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from flatgather.sglang import source
+from flatgather.sglang.compare import first_difference
 from flatgather.sglang.patching import Patch, Prepared
 
 __all__ = [
@@ -341,26 +342,6 @@ def _snapshot(value):
     if hasattr(value, "tolist") and hasattr(value, "dtype"):
         return ("tensor", str(value.dtype), value.tolist())
     return value
-
-
-def first_difference(actual, expected, path: str) -> str | None:
-    if type(actual) is not type(expected):
-        return f"{path}: expected {expected!r}, got {actual!r}"
-    if isinstance(expected, dict):
-        if actual.keys() != expected.keys():
-            return f"{path}: keys {sorted(expected)} expected, got {sorted(actual)}"
-        for key in expected:
-            found = first_difference(actual[key], expected[key], f"{path}.{key}")
-            if found:
-                return found
-        return None
-    if isinstance(expected, (list, tuple)) and len(actual) == len(expected):
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            found = first_difference(a, e, f"{path}[{i}]")
-            if found:
-                return found
-        return None
-    return None if actual == expected else f"{path}: expected {expected!r}, got {actual!r}"
 
 
 class Harness:

@@ -49,7 +49,6 @@ import copy
 import dataclasses
 import dis
 import itertools
-import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -58,6 +57,7 @@ from types import ModuleType
 
 import torch
 
+from flatgather.sglang.compare import first_difference
 from flatgather.sglang.pruned_states import (
     Contract,
     LazyGate,
@@ -67,7 +67,7 @@ from flatgather.sglang.pruned_states import (
 )
 from flatgather.sglang.standins import Unpinned
 
-__all__ = ["ProbeFailed", "Verdict", "first_difference", "run"]
+__all__ = ["ProbeFailed", "Verdict", "run"]
 
 HIDDEN = 4
 LAYERS = 2
@@ -119,69 +119,6 @@ RESULT_FIELDS = (
     "input_logprob_indices",
     "token_to_seq_idx",
 )
-
-
-def _describe(value) -> str:
-    if isinstance(value, torch.Tensor):
-        if value.numel() <= 8:
-            return f"tensor({value.tolist()}, dtype={value.dtype})"
-        return f"tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-_SCALARS = (int, float, bool, str, type(None))
-
-
-def first_difference(actual, expected, path: str = "result") -> str | None:
-    """The first place where ``actual`` and ``expected`` differ in type,
-    dtype, shape, device, contiguity or bytes, as ``path: expected X, got
-    Y``; None when they are identical."""
-    if type(actual) is not type(expected):
-        return (
-            f"{path}: expected {type(expected).__name__} {_describe(expected)}, "
-            f"got {type(actual).__name__} {_describe(actual)}"
-        )
-    if isinstance(expected, torch.Tensor):
-        for attr in ("dtype", "shape", "device"):
-            want, got = getattr(expected, attr), getattr(actual, attr)
-            if got != want:
-                return f"{path}.{attr}: expected {want}, got {got}"
-        if actual.is_contiguous() != expected.is_contiguous():
-            return f"{path}: expected contiguous={expected.is_contiguous()}, got the other"
-        a = actual.detach().contiguous().view(-1).view(torch.uint8)
-        e = expected.detach().contiguous().view(-1).view(torch.uint8)
-        if not torch.equal(a, e):
-            return f"{path}: expected {_describe(expected)}, got {_describe(actual)}"
-        return None
-    if isinstance(expected, dict):
-        if actual.keys() != expected.keys():
-            return f"{path}: keys {sorted(expected)} expected, got {sorted(actual)}"
-        for key in expected:
-            where = f"{path}.{key}" if path else str(key)
-            found = first_difference(actual[key], expected[key], where)
-            if found:
-                return found
-        return None
-    if isinstance(expected, (list, tuple)):
-        if (
-            all(type(e) in _SCALARS for e in expected)
-            and all(type(a) in _SCALARS for a in actual)
-            and actual == expected
-        ):
-            return None  # the common case, without a call per element
-        if len(actual) != len(expected):
-            return f"{path}: expected length {len(expected)}, got {len(actual)}"
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            found = first_difference(a, e, f"{path}[{i}]")
-            if found:
-                return found
-        return None
-    if isinstance(expected, float) and math.isnan(expected) and math.isnan(actual):
-        return None
-    if actual != expected:
-        return f"{path}: expected {_describe(expected)}, got {_describe(actual)}"
-    return None
 
 
 def _outcome(fn: Callable, *args):
