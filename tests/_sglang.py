@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import RELEASE, ROW
 from flatgather.sglang.compare import first_difference
-from flatgather.sglang.standins import unpinned_without_cuda
+from flatgather.sglang.unpinned import unpinned_without_cuda
 
 if RELEASE is None:
     pytest.skip("no sglang on sys.path", allow_module_level=True)

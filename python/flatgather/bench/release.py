@@ -7,13 +7,13 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
-from contextlib import nullcontext
 
 import torch
 
 from flatgather.sglang import input_logprobs_check
 from flatgather.sglang.input_logprobs import CHUNK, PREFILL
-from flatgather.sglang.standins import Unpinned, install_sgl_kernel_stand_in
+from flatgather.sglang.standins import install_sgl_kernel_stand_in
+from flatgather.sglang.unpinned import first_run, within
 
 DRAFT_MODULE = "sglang.srt.speculative.eagle_worker_v2"
 DRAFT_OWNER = "EagleDraftWorker"
@@ -63,18 +63,14 @@ class SGLang:
             self.draft_fg = vars(getattr(self.draft_module, DRAFT_OWNER))[DRAFT_METHOD]
         self.contract = self.report.contract
         self._stock_pruned = self.stock["_get_pruned_states"]
-        self._no_pin = None
         self._notes: list[str] = []
-        try:
-            self._stock_pruned(None, torch.zeros(2, 1), None, None, self.metadata([2], [0]))
-        except RuntimeError:
-            if torch.cuda.is_available():
-                raise
-            # 0.5.12 pins its index tensors whatever the host: its own function
-            # cannot run without CUDA. Pinning changes no value.
-            self._no_pin = Unpinned
-            with Unpinned():
+
+        def first(no_pin):
+            with within(no_pin):
                 self._stock_pruned(None, torch.zeros(2, 1), None, None, self.metadata([2], [0]))
+
+        _, self._no_pin = first_run(first)
+        if self._no_pin is not None:
             self._notes.append(
                 "This release pins memory unconditionally and this host has no CUDA: SGLang's "
                 "own code ran under a TorchFunctionMode that turns pinning off, which adds to "
@@ -118,9 +114,7 @@ class SGLang:
         )
 
     def stock_pruned_states(self, hidden, before_norm, aux, md):
-        if self._no_pin is None:
-            return self._stock_pruned(None, hidden, before_norm, aux, md)
-        with self._no_pin():
+        with within(self._no_pin):
             return self._stock_pruned(None, hidden, before_norm, aux, md)
 
     def fg_pruned_states(self, hidden, before_norm, aux, md):
@@ -131,7 +125,7 @@ class SGLang:
         ``install()`` replaced are the release's own for its duration."""
         with (
             self.fs.module_functions_as_shipped(),
-            self._no_pin() if self._no_pin is not None else nullcontext(),
+            within(self._no_pin),
         ):
             return fn()
 

@@ -51,7 +51,6 @@ import dis
 import itertools
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -65,7 +64,7 @@ from flatgather.sglang.pruned_states import (
     make_hidden_states_to_store,
     make_pruned_states,
 )
-from flatgather.sglang.standins import Unpinned
+from flatgather.sglang.unpinned import Unpinned, first_run, within
 
 __all__ = ["ProbeFailed", "Verdict", "run"]
 
@@ -209,7 +208,7 @@ class _Release:
         return self.metadata_cls(**{k: v for k, v in values.items() if k in self.fields})
 
     def stock(self, *args):
-        with self.no_pin if self.no_pin is not None else nullcontext():
+        with within(self.no_pin):
             return self.pruned_states(None, *args)
 
 
@@ -287,7 +286,7 @@ def _check_branches(release: _Release, ours: Callable) -> str | None:
         md_ours = release.metadata(extend, start, mode=mode)
         md_stock.extend_return_logprob = md_ours.extend_return_logprob = logprob
         expected = _outcome(release.stock, h, b, aux, md_stock)
-        with release.no_pin if release.no_pin is not None else nullcontext():
+        with within(release.no_pin):
             actual = _outcome(ours, None, h, b, aux, md_ours)
         found = first_difference(actual, expected, f"ForwardMode.{mode.name}")
         if found:
@@ -424,15 +423,12 @@ def run(logits_processor: ModuleType) -> Verdict:
     started = time.perf_counter()
     try:
         release = _Release(logits_processor, None)
-        try:
-            contract = _derive(release)
-        except RuntimeError:
-            if torch.cuda.is_available():
-                raise
-            # Perhaps pinned memory, which this host cannot give: once more
-            # with pinning off.
-            release.no_pin = Unpinned()
-            contract = _derive(release)
+
+        def derive(no_pin: Unpinned | None) -> Contract:
+            release.no_pin = no_pin
+            return _derive(release)
+
+        contract, _ = first_run(derive)
     except Exception as exc:
         raise ProbeFailed(
             f"the release's _get_pruned_states could not be probed: {type(exc).__name__}: {exc}"
@@ -449,7 +445,7 @@ def run(logits_processor: ModuleType) -> Verdict:
         h, b, aux = _inputs(extend, dtype, before_norm, aux_kind, pad, cases)
         expected = _outcome(_expected, release, contract, extend, start, h, b, aux)
         md_ours = release.metadata(extend, start)
-        with no_pin if no_pin is not None else nullcontext():
+        with within(no_pin):
             actual = _outcome(ours, None, h, b, aux, md_ours)
         cases += 1
         where = (
