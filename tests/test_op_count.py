@@ -1,6 +1,8 @@
 """aten ops dispatched per call: the stock logprob branch grows with the
 batch (about 4 per request); the installed one does not (at most L + 4 for
-L aux layers, before-norm states included), padded or not."""
+L aux layers, before-norm states included), padded or not. A batch of one
+request runs the release's own branch (it has no loop to save), unless the
+release drops the aux layers (before SGLang PR #21589)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,9 @@ def test_installed_op_count_does_not_grow_with_batch(batch, layers, pad):
     stock = count(batch, layers, pad=pad)
     flatgather.sglang.install()
     ours = count(batch, layers, pad=pad)
+    if batch == 1 and (PRUNES_AUX or not layers):
+        assert ours == stock  # the release's own branch (it needs no backport)
+        return
     assert len(ours) <= layers + 4, ours
     assert ours.count("index_select") == layers + 2
     # The stock loop slices every tensor it prunes once per request (before
@@ -52,7 +57,7 @@ def test_installed_op_count_does_not_grow_with_batch(batch, layers, pad):
 
 
 @pytest.mark.skipif(not PACKED_AUX, reason="the release has no packed aux")
-@pytest.mark.parametrize("batch", [1, 256])
+@pytest.mark.parametrize("batch", [2, 256])
 def test_packed_aux_is_one_index_select(batch):
     flatgather.sglang.install()
     ours = count(batch, 3, packed=True)

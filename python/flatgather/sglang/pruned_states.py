@@ -119,6 +119,13 @@ def uses_release_code(metadata) -> bool:
     return route == "release" or (route == "extend" and not metadata.extend_return_logprob)
 
 
+_MIN_REQUESTS = 2
+"""Below this many requests the release's own branch runs (but where it
+drops the aux layers, before SGLang PR #21589): with one request it has no
+loop to remove, and the whole forward measured no faster with the plan
+(1 thread, CPU)."""
+
+
 def _check_rows(name: str, tensor: torch.Tensor, tokens: int) -> None:
     rows = tensor.shape[0]
     if rows < tokens:
@@ -320,6 +327,10 @@ def make_pruned_states(
         """The batch's plan, or None where the release's own code runs."""
         if torch.compiler.is_compiling() or uses_release_code(logits_metadata):
             return None
+        lens = logits_metadata.extend_seq_lens_cpu
+        backport = isinstance(aux_hidden_states, list) and not contract.prunes_aux
+        if isinstance(lens, (list, tuple)) and len(lens) < _MIN_REQUESTS and not backport:
+            return None  # one request: a slice and a cat per tensor, no loop to save
         if isinstance(aux_hidden_states, torch.Tensor) and not contract.packed_aux:
             return None  # a packed tensor this release does not know
         if hidden_states.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
