@@ -235,7 +235,7 @@ def test_install_rewrites_the_method_and_uninstall_restores_the_very_function():
     report = flatgather.sglang.install()
     patched = current()
     assert WHERE in report.patched
-    assert report.pending == ()
+    assert draft_prefill.MODULE not in report.pending
     assert not [n for n in report.notes if METHOD in n], report.notes
     assert patched is not STOCK and patched.__wrapped__ is STOCK
     # Still the release's method: its file, its line numbers, its signature.
@@ -456,11 +456,11 @@ def test_patched_when_the_worker_module_is_imported_after_install():
         name = {draft_prefill.MODULE!r}
         report = fs.install()
         assert name not in sys.modules, "install() imported the worker module"
-        assert report.pending == (name,), report
+        assert name in report.pending, report
         install_sgl_kernel_stand_in()
         import sglang.srt.speculative.eagle_worker_v2 as w
         report = fs.installed_report()
-        assert report.pending == () and {WHERE!r} in report.patched, report
+        assert name not in report.pending and {WHERE!r} in report.patched, report
         seen = h.run(w, h.make_inputs([2, 3, 1]), count=True)
         assert seen.return_logprob is False, seen
         assert "index_select" in seen.ops, seen.ops

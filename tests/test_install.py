@@ -19,7 +19,7 @@ from _sglang import (
     LogitsProcessor,
     lp,
 )
-from flatgather.sglang import probe, releases
+from flatgather.sglang import probe, releases, spec_logprobs_check
 
 
 def current():
@@ -60,8 +60,17 @@ def test_install_reports_what_it_verified_and_applied():
     if hasattr(lp, "get_token_ids_logprobs_prefill"):
         ours.add(f"{lp.__name__}.get_token_ids_logprobs_prefill")
     assert ours <= set(report.patched)
-    # Anything else is the draft worker's, patched now if another test imported it.
-    assert all("eagle_worker_v2" in where for where in set(report.patched) - ours)
+    # Anything else is the draft worker's, patched now if another test imported
+    # it, or the output-logprob chain's (its producers and consumers).
+    chain = (
+        "get_top_logprobs",
+        "get_token_ids_logprobs",
+        *spec_logprobs_check.CONSUMER_CLASSES.values(),
+    )
+    assert all(
+        "eagle_worker_v2" in where or any(name in where for name in chain)
+        for where in set(report.patched) - ours
+    ), report.patched
 
 
 @pytest.mark.matrix
