@@ -247,7 +247,7 @@ def make_token_ids_logprobs(
             values = logprobs.take(index)
         else:
             values = logprobs.new_empty((0,))
-        vals = list(values.split(plan.split_sizes()))
+        vals = _views(plan, values)
         idxs = [[] if ids is None else ids for ids in token_ids_logprobs]
         if on_answer is not None:
             on_answer()
