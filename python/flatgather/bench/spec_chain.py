@@ -108,9 +108,9 @@ _found: Chain | None = None
 
 
 def _raw_function(fn):
-    """The release's function under flatgather's replacement, if any."""
+    """The release's object under flatgather's replacement, if any."""
     while getattr(fn, "__flatgather__", None) is not None:
-        fn = fn.__wrapped__
+        fn = getattr(fn, "__flatgather_original__", None) or fn.__wrapped__
     return fn
 
 
@@ -247,9 +247,12 @@ def _stock_objects(chain: Chain) -> Iterator[None]:
 
 def stages(chain: Chain, step: Step, stock: bool = False):
     """The three stages as three calls on fresh objects of ``step``, for
-    timing each: ``(stage1, stage2, stage3)`` closures sharing one result."""
+    timing each: ``(stage1, stage2, stage3)`` closures sharing one result.
+    Each runs in inference mode, as the scheduler's event loops run
+    (``DynamicGradMode``)."""
     state = {}
 
+    @torch.inference_mode()
     def one():
         lo = _logits_output(step)
         if stock:
@@ -260,10 +263,12 @@ def stages(chain: Chain, step: Step, stock: bool = False):
         state["result"] = chain.result_cls(logits_output=lo, next_token_ids=step.predict)
         state["result"].copy_done = _Event()
 
+    @torch.inference_mode()
     def two():
         copy = chain.stock["copy_to_cpu"] if stock else chain.result_cls.copy_to_cpu
         copy(state["result"], return_logprob=True)
 
+    @torch.inference_mode()
     def three():
         result = state["result"]
         lo = result.logits_output
