@@ -351,7 +351,7 @@ def test_the_spec_logprobs_section_is_flat_and_matches_stock(tiny, tmp_path, cap
 
     monkeypatch.setitem(spec_logprobs.GRIDS, "quick", spec_logprobs.Grid((1, 6)))
     path = tmp_path / "b.json"
-    code, out, err = bench(capsys, "--section", "spec-logprobs", "--json", str(path), "--quiet")
+    code, _, err = bench(capsys, "--section", "spec-logprobs", "--json", str(path), "--quiet")
     assert code == 0, err
     (section,) = json.loads(path.read_text())["sections"]
     assert section["status"] == "measured", section
