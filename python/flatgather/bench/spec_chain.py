@@ -166,7 +166,7 @@ def _batch(step: Step, spec: bool):
 
 def _stage1(chain: Chain, step: Step, output) -> None:
     batch = _batch(step, True)
-    accept_index = torch.arange(step.B * step.A).view(step.B, step.A)
+    accept_index = torch.arange(step.B * step.A, device=step.logits.device).view(step.B, step.A)
     if chain.spec_kind == "compute_spec_logprobs":
         chain.spec(batch, output, step.predict, accept_index=accept_index)
     elif chain.spec_kind == "compute_spec_v2_logprobs":
