@@ -103,6 +103,23 @@ def _binds_imports(stmt: ast.stmt) -> bool:
     return False
 
 
+_parsed: dict[tuple[str, str], ast.Module] = {}
+
+
+def _parse(text: str, filename: str) -> ast.Module:
+    """``ast.parse``, once per file content: several methods of one large
+    module are proven one after the other. The trees handed out are read,
+    never changed (rewrites work on copies)."""
+    key = (filename, text)
+    module = _parsed.get(key)
+    if module is None:
+        # One entry per file: a changed file replaces its old tree.
+        for old in [k for k in _parsed if k[0] == filename]:
+            del _parsed[old]
+        module = _parsed[key] = ast.parse(text, filename)
+    return module
+
+
 def module_source(module) -> str:
     """The source of ``module`` as linecache holds it (re-read if the file
     changed); empty when there is none. Only for finding what to parse:
@@ -144,7 +161,7 @@ def parse_method(owner: type, name: str, decorated: bool = False) -> Method:
     if not lines:
         raise SourceMismatch(f"no source for {where} ({filename})")
     try:
-        module = ast.parse("".join(lines), filename)
+        module = _parse("".join(lines), filename)
     except SyntaxError as exc:
         raise SourceMismatch(f"the source of {where} does not parse: {exc}") from None
     classes = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == owner.__name__]

@@ -162,13 +162,19 @@ class _Call:
     """Whether flatgather, not the release, answers."""
 
 
+_logprobs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+
 def _calls(name: str) -> Iterator[_Call]:
     cases = _TOP_CASES if name == spec_logprobs.TOP else _ID_CASES
-    for seed, ((arg, rows, flat), dtype) in enumerate(
-        itertools.product(cases, (torch.float32, torch.bfloat16))
-    ):
-        gen = torch.Generator().manual_seed(seed)
-        logprobs = torch.randn(rows, VOCAB, generator=gen).log_softmax(-1).to(dtype)
+    for (arg, rows, flat), dtype in itertools.product(cases, (torch.float32, torch.bfloat16)):
+        logprobs = _logprobs.get((rows, dtype))
+        if logprobs is None:
+            # Any distinct values do: only where they land is compared.
+            gen = torch.Generator().manual_seed(rows)
+            logprobs = _logprobs[rows, dtype] = (torch.randn(rows, VOCAB, generator=gen) * 4).to(
+                dtype
+            )
         yield _Call(name, logprobs, [copy.copy(a) for a in arg], flat)
 
 
@@ -485,16 +491,19 @@ def _verify_chain(method: source.Method, result: Rewrite) -> str | None:
 
 
 def _methods_with_loops(owner: type) -> list[str]:
-    """The methods of ``owner`` (in its source) with a comprehension over
-    the logprob lists."""
-    module = sys.modules[owner.__module__]
-    tree = ast.parse(source.module_source(module))
+    """The methods of ``owner`` that may hold a comprehension over the
+    logprob lists: their code reads one of the fields and builds a list
+    comprehension (a code object of its own before Python 3.12). Read off
+    the code objects, so that only those methods' source is parsed."""
     names = []
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == owner.__name__:
-            for fn in node.body:
-                if isinstance(fn, ast.FunctionDef) and any(map(_over_fields, ast.walk(fn))):
-                    names.append(fn.name)
+    for name, attr in vars(owner).items():
+        fn = getattr(attr, "__wrapped__", attr)
+        code = getattr(fn, "__code__", None)
+        if code is None or not FIELDS & set(code.co_names):
+            continue
+        comprehensions = [c for c in code.co_consts if getattr(c, "co_name", "") == "<listcomp>"]
+        if comprehensions or sys.version_info >= (3, 12):
+            names.append(name)
     return names
 
 
