@@ -392,3 +392,24 @@ def test_move_logprobs_to_cpu_is_the_release_s():
         expected = run(stock, False)
     actual = run(CHAIN.processor.move_logprobs_to_cpu, True)
     assert difference(actual, expected) is None
+
+
+@pytest.mark.matrix
+def test_plain_decode_reaches_the_same_producers():
+    """Non-speculative decode asks the same two helpers for the same shape
+    (one row per request): its caller must find flatgather's."""
+    try:
+        from sglang.srt.layers.logprob_processor import OutputLogprobProcessor
+
+        caller = OutputLogprobProcessor.compute_logprobs
+    except ImportError:  # before 0.5.16: the sampler imports the helpers
+        import sglang.srt.layers.sampler as sampler
+
+        caller = next(
+            f
+            for f in vars(sampler.Sampler).values()
+            if "get_top_logprobs" in getattr(getattr(f, "__code__", None), "co_names", ())
+        )
+    fs.install()
+    for name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS):
+        assert getattr(caller.__globals__[name], "__flatgather__", None), name
