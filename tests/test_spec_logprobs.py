@@ -346,20 +346,27 @@ def test_rewrite_replaces_only_the_known_comprehensions():
 # --- the install-time checks catch what they guard -------------------------------------------
 
 
-@pytest.mark.matrix
-def test_a_producer_that_differs_is_left_stock(monkeypatch):
-    module = __import__(CHAIN.spec.__module__, fromlist=["x"])
+@pytest.fixture
+def fresh_checks():
+    """The producer checks are cached per release function: a test that
+    breaks flatgather's code must not leave its verdict behind."""
     spec_logprobs_check._verified.clear()
+    yield
+    spec_logprobs_check._verified.clear()
+
+
+@pytest.mark.matrix
+def test_a_producer_that_differs_is_left_stock(monkeypatch, fresh_checks):
+    module = __import__(CHAIN.spec.__module__, fromlist=["x"])
     # The rows in the wrong order: the check must see it.
     real = spec_logprobs._views
     monkeypatch.setattr(spec_logprobs, "_views", lambda plan, flat: real(plan, flat)[::-1])
     prepared = spec_logprobs_check.prepare_producers(module)
     assert not prepared.patches and prepared.notes, prepared
-    spec_logprobs_check._verified.clear()
 
 
 @pytest.mark.matrix
-def test_a_chain_helper_that_differs_leaves_the_methods_stock(monkeypatch):
+def test_a_chain_helper_that_differs_leaves_the_methods_stock(monkeypatch, fresh_checks):
     import sglang.srt.managers.utils as utils
 
     real = spec_logprobs._Flat.tolist
