@@ -305,6 +305,26 @@ def test_compiled_code_and_small_calls_get_the_release_s_function(monkeypatch):
     assert not spec_logprobs.registered(vals)
 
 
+@pytest.mark.matrix
+def test_a_module_that_imports_a_patched_producer_gets_the_release_s_back():
+    """A module imported after install() that takes the helpers from the
+    patched module (0.5.10's worker, the sampler) is checked against, and
+    restored to, the release's own function."""
+    fs.install()
+    module = __import__(CHAIN.spec.__module__, fromlist=["x"])
+    defining = module.get_top_logprobs.__globals__["__name__"]
+    late = types.ModuleType("late_importer")
+    late.get_top_logprobs = module.get_top_logprobs  # flatgather's, as imported now
+    release = sc._raw_function(late.get_top_logprobs)
+    assert late.get_top_logprobs is not release and defining
+    (patch,) = spec_logprobs_check.prepare_producers(late).patches
+    assert vars(late)["get_top_logprobs"] is release
+    patch.apply()
+    assert patch.new.__wrapped__ is release
+    patch.revert()
+    assert vars(late)["get_top_logprobs"] is release
+
+
 def test_registered_lists_are_bounded_and_forgotten_at_uninstall():
     fs.install()
     top = spec_logprobs.make_top_logprobs(lambda *a: None)

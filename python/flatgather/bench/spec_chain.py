@@ -135,6 +135,8 @@ def find() -> Chain:
     if spec is None:  # 0.5.10: a method of the worker (its module needs sgl_kernel)
         from flatgather.sglang.standins import install_sgl_kernel_stand_in
 
+        # What imports sgl_kernel only if it is there must find it missing.
+        importlib.import_module("sglang.srt.layers.logits_processor")
         install_sgl_kernel_stand_in()
         worker = importlib.import_module(WORKER).EAGLEWorkerV2
         spec, kind = _raw(worker, "_compute_spec_v2_logprobs"), "method"

@@ -254,6 +254,8 @@ def _producer(original: Callable, name: str) -> tuple[Callable | None, str | Non
 
 
 def _release_function(module, name: str):
+    """The release's own function ``name`` of ``module``, under flatgather's
+    replacement if one is there."""
     fn = vars(module).get(name)
     # Where flatgather's replacement is installed, the release's is under it.
     while getattr(fn, "__flatgather__", None) is not None:
@@ -266,9 +268,15 @@ def prepare_producers(module) -> Prepared:
     verified against the release's own; never raises."""
     patches, notes = [], []
     for name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS):
-        original = vars(module).get(name)
-        if not isinstance(original, types.FunctionType):
+        original = _release_function(module, name)
+        if original is None:
             continue
+        if vars(module)[name] is not original:
+            # The module imported the name from one flatgather had patched
+            # (0.5.10's worker, the sampler, imported after install()): it
+            # gets the release's own back first, so that this patch is
+            # checked against it and uninstall() restores it.
+            setattr(module, name, original)
         where = f"{module.__name__}.{name}"
         try:
             replacement, problem = producer(original, name)
