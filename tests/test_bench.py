@@ -351,3 +351,20 @@ def test_report_on_a_bad_file_is_a_one_line_error(tmp_path, content, message):
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr
+
+
+def test_the_spec_logprobs_section_is_flat_and_matches_stock(tiny, tmp_path, capsys, monkeypatch):
+    from flatgather.bench import spec_logprobs
+
+    monkeypatch.setitem(spec_logprobs.GRIDS, "quick", spec_logprobs.Grid((1, 6)))
+    path = tmp_path / "b.json"
+    code, _, err = bench(capsys, "--section", "spec-logprobs", "--json", str(path), "--quiet")
+    assert code == 0, err
+    (section,) = json.loads(path.read_text())["sections"]
+    assert section["status"] == "measured", section
+    rows = section["rows"]
+    assert len(rows) == 4 and all("stock/flatgather" in r["ratios"] for r in rows)
+    for series in {r["series"] for r in rows}:
+        mine = [r for r in rows if r["series"] == series]
+        assert len({(r["aten_ops"]["flatgather"], r["syncs"]["flatgather"]) for r in mine}) == 1
+        assert mine[-1]["syncs"]["stock"] > mine[-1]["syncs"]["flatgather"]

@@ -1,6 +1,7 @@
 """Checks that need a CUDA device (skipped without one; ``.ci/gpu`` runs
-them): the pinned staging buffers under reuse, and padded logprob batches
-through the patched ``forward`` on the GPU."""
+them): the pinned staging buffers under reuse, padded logprob batches
+through the patched ``forward`` on the GPU, and the output-logprob chain of
+verify steps with its host copies lagging behind a busy stream."""
 
 from __future__ import annotations
 
@@ -96,3 +97,71 @@ def test_padded_forward_on_cuda_equals_stock(capture):
     actual = run()
     assert_same(actual, expected)
     assert not actual["input_token_logprobs"].isnan().any()
+
+
+def _spec_step_on_cuda(chain, step, stock: bool, side, busy):
+    """One verify step's output-logprob chain with the stages where the
+    scheduler runs them: stages 1 and 2 on a side stream kept busy (so the
+    device-to-host copies lag far behind the host), stage 3 on the host
+    after the copy's event."""
+    from flatgather.bench import spec_chain as sc
+
+    lo = sc._logits_output(step)
+    with torch.cuda.stream(side):
+        busy @ busy
+        if stock:
+            with flatgather.sglang.module_functions_as_shipped():
+                sc._stage1(chain, step, lo)
+        else:
+            sc._stage1(chain, step, lo)
+        result = chain.result_cls(logits_output=lo, next_token_ids=step.predict)
+        result.copy_done = torch.cuda.Event()
+        copy = chain.stock["copy_to_cpu"] if stock else chain.result_cls.copy_to_cpu
+        copy(result, return_logprob=True)
+        result.copy_done.record()
+    result.copy_done.synchronize()
+    lists = {}
+    if chain.processor is not None:
+        normalize = chain.stock["normalize"] if stock else chain.processor._normalize_decode_outputs
+        _, lists["logprobs"] = normalize(
+            None,
+            batch=sc._batch(step, False),
+            result=result,
+            logits_output=lo,
+            next_token_ids=result.next_token_ids,
+        )
+    for name in ("next_token_top_logprobs_val", "next_token_top_logprobs_idx"):
+        value = getattr(lo, name)
+        if chain.processor is None and value:
+            value = [v.tolist() for v in value]
+        lists[name] = value
+    return lists
+
+
+def test_spec_logprob_chain_on_cuda_reads_host_copies_only_after_their_event():
+    """The output-logprob chain of verify steps on the GPU (pinned copies,
+    record_stream, the staging buffers of the token ids reused step after
+    step) against the release's own, run the same way."""
+    from flatgather.bench import spec_chain as sc
+    from flatgather.sglang.spec_logprobs_check import difference
+
+    chain = sc.find()
+    raw = sc._raw_function(chain.spec.__globals__["get_token_ids_logprobs"])
+    none_as_tensor = "new_empty" in raw.__globals__["get_token_ids_logprobs_raw"].__code__.co_names
+    side = torch.cuda.Stream()
+    busy = torch.randn(2048, 2048, device="cuda")
+    rng = random.Random(0)
+    steps = []
+    for seed in range(24):
+        B, A = rng.choice([1, 3, 16, 64]), rng.choice([1, 4, 8])
+        top = [rng.choice([0, 1, 5, 20]) for _ in range(B)]
+        ids = [rng.choice([None, [], [3, 7], [1, -1, 60, 2]]) for _ in range(B)]
+        if not none_as_tensor:  # the release fails on None mixed with ids
+            ids = [i if i is not None else [5] for i in ids]
+        step = sc.make_step(B, A, top, ids, vocab=64, dtype=torch.bfloat16, seed=seed)
+        step.logits, step.predict = step.logits.cuda(), step.predict.cuda()
+        steps.append(step)
+    expected = [_spec_step_on_cuda(chain, s, True, side, busy) for s in steps]
+    flatgather.sglang.install()
+    actual = [_spec_step_on_cuda(chain, s, False, side, busy) for s in steps]
+    assert difference(actual, expected, "steps") is None

@@ -19,7 +19,7 @@ from _sglang import (
     LogitsProcessor,
     lp,
 )
-from flatgather.sglang import probe, releases
+from flatgather.sglang import probe, releases, spec_logprobs_check
 
 
 def current():
@@ -65,9 +65,16 @@ def test_install_reports_what_it_verified_and_applied():
         ours.add(f"{lp.__name__}.get_token_ids_logprobs_prefill")
     assert ours <= set(report.patched)
     # Anything else is the draft worker's or the scheduler's, patched now if
-    # another test imported its module.
+    # another test imported its module, or the output-logprob chain's (its
+    # producers and consumers).
+    chain = (
+        "get_top_logprobs",
+        "get_token_ids_logprobs",
+        *spec_logprobs_check.CONSUMER_CLASSES.values(),
+    )
     assert all(
         where.endswith(("._draft_extend_for_prefill", ".process_batch_result_prefill"))
+        or any(name in where for name in chain)
         for where in set(report.patched) - ours
     ), report.patched
 

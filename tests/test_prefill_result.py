@@ -25,7 +25,7 @@ from unittest import mock
 import flatgather.sglang
 import pytest
 from _sglang import ROW
-from flatgather.sglang import prefill_result
+from flatgather.sglang import prefill_result, spec_logprobs_check
 from flatgather.sglang.patching import Prepared
 from flatgather.sglang.prefill_result import FIX, METHOD, Harness, Request
 from flatgather.sglang.standins import install_sgl_kernel_stand_in
@@ -415,7 +415,9 @@ def test_a_release_that_advances_the_cursor_is_left_alone(tmp_path, monkeypatch)
     assert prefill_result.prepare(module) == Prepared()
     # The same method in the release's own class: told by its behaviour.
     monkeypatch.setattr(OWNER, METHOD, fixed)
-    report = flatgather.sglang.install()
+    # Without the output-logprob chain, which would rebuild this method for
+    # its own loops (up to 0.5.12) and so put it among the patched.
+    report = flatgather.sglang.install(output_logprobs=False)
     assert FIX not in report.backports and WHERE not in report.patched
     assert current() is fixed
     assert not [n for n in report.notes if METHOD in n], report.notes
@@ -488,3 +490,22 @@ def test_prepare_never_raises():
         result = prefill_result.prepare(MODULE)
     assert result.patches == []
     assert result.notes == (f"{MODULE.__name__}.{METHOD} left stock: RuntimeError: boom",)
+
+
+@pytest.mark.matrix
+def test_the_fix_and_the_logprob_chain_share_one_method():
+    """Up to 0.5.12 the output-logprob chain has loops in the method #36938
+    fixes: the chain rebuilds it from the fix's tree, so the one method is
+    both flat and fixed; uninstall restores the release's function."""
+    if METHOD not in spec_logprobs_check.methods_with_loops(OWNER):
+        pytest.skip("the chain has no loop in this release's method")
+    report = flatgather.sglang.install()
+    build = getattr(current(), "__flatgather_build__", None)
+    assert build is not None and spec_logprobs_check.TOLIST in build.closure, report.notes
+    assert (FIX in report.backports) is not FIXED_BY_RELEASE
+    assert build.method.function is STOCK
+    specs = [Request(3, 0, top=2, token_ids=True), Request(2, 0, skipped="retracted")]
+    specs += [Request(3, 1, top=1, token_ids=True)]
+    assert_as_without_skipped(current(), specs)
+    assert flatgather.sglang.uninstall()
+    assert current() is STOCK

@@ -225,6 +225,23 @@ SECTIONS: dict[str, Section] = {
             counted=("stock", "flatgather", "batch_opt"),
         ),
         Section(
+            name="spec-logprobs",
+            title="Output logprobs of a speculative verify step",
+            about=(
+                "The chain of one EAGLE spec-v2 verify step whose requests ask for top-5 "
+                "logprobs (and token-id logprobs) at each of A = 4 positions, driven on the "
+                "release's own objects: its spec logprob function, "
+                "`GenerationBatchResult.copy_to_cpu` and the scheduler's "
+                "`_normalize_decode_outputs`. SGLang as shipped (**stock**: a view, a host copy "
+                "and a `.tolist()` per row) against flatgather installed (**fg**: one gather, one "
+                "copy and one `.tolist()` per tensor)."
+            ),
+            module="flatgather.bench.spec_logprobs",
+            variants={"stock": "stock", "flatgather": "fg"},
+            ratios=(STOCK_FG,),
+            info=(("rows", "rows"), ("copies_stock", "copies stock"), ("copies_fg", "copies fg")),
+        ),
+        Section(
             name="rotation",
             title="The V2 draft worker's prefill rotation",
             about=(

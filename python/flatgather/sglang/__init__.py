@@ -35,7 +35,15 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from flatgather import _import_hooks
-from flatgather.sglang import draft_prefill, input_logprobs_check, prefill_result, probe, releases
+from flatgather.sglang import (
+    draft_prefill,
+    input_logprobs_check,
+    prefill_result,
+    probe,
+    releases,
+    spec_logprobs,
+    spec_logprobs_check,
+)
 from flatgather.sglang.patching import Patch, Prepared, apply_all, revert_all
 from flatgather.sglang.probe import ProbeFailed, Verdict
 from flatgather.sglang.pruned_states import (
@@ -105,7 +113,8 @@ class _Installed:
     verdict: Verdict
     gate: LazyGate | None
     patches: list[Patch] = field(default_factory=list)
-    pending: dict[str, object] = field(default_factory=dict)
+    pending: dict[tuple[str, Callable], object] = field(default_factory=dict)
+    """``(module name, prepare)`` -> the import callback, per deferred patcher."""
     backports: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -114,7 +123,7 @@ class _Installed:
         return InstallReport(
             release=self.release,
             patched=tuple(p.where for p in self.patches),
-            pending=tuple(sorted(self.pending)),
+            pending=tuple(sorted({name for name, _ in self.pending})),
             contract=self.verdict.contract,
             verified_by="probe and test matrix" if in_table else "probe",
             lazy_aux=self.gate is not None,
@@ -185,6 +194,14 @@ DEFERRED: tuple[tuple[str, Callable[[ModuleType], Prepared]], ...] = (
     *((name, prefill_result.prepare) for name in prefill_result.MODULES),
 )
 
+# The output-logprob chain (install(output_logprobs=True)): its producers
+# and its consumers, wherever the running release has them.
+OUTPUT_LOGPROBS: tuple[tuple[str, Callable[[ModuleType], Prepared]], ...] = tuple(
+    (name, spec_logprobs_check.prepare_producers) for name in spec_logprobs_check.PRODUCER_MODULES
+) + tuple(
+    (name, spec_logprobs_check.prepare_consumers) for name in spec_logprobs_check.CONSUMER_CLASSES
+)
+
 
 def _absent(name: str) -> bool:
     """Whether the installed SGLang has no module ``name``, told from the
@@ -211,9 +228,9 @@ def _absent(name: str) -> bool:
 def _on_import(state: _Installed, prepare, module) -> None:
     name = module.__name__
     with _lock:
-        if _state is not state or name not in state.pending:
+        if _state is not state or (name, prepare) not in state.pending:
             return
-        del state.pending[name]
+        del state.pending[(name, prepare)]
         try:
             result = prepare(module)
         except Exception as exc:  # never fail the import this rides on
@@ -228,7 +245,10 @@ def _on_import(state: _Installed, prepare, module) -> None:
 
 
 def install(
-    force: bool = False, lazy_aux: bool = True, input_logprobs: bool = True
+    force: bool = False,
+    lazy_aux: bool = True,
+    input_logprobs: bool = True,
+    output_logprobs: bool = True,
 ) -> InstallReport:
     """Probe the running SGLang and patch it; idempotent (a second call
     changes nothing and returns the report so far).
@@ -240,7 +260,11 @@ def install(
     EAGLE3 aux layers only the rows it stores; its outputs are unchanged.
     With ``input_logprobs`` (the default), the token-id input logprobs are
     gathered in one go (:mod:`flatgather.sglang.input_logprobs`), each
-    function verified against the release's own first.
+    function verified against the release's own first. With
+    ``output_logprobs`` (the default), the output logprobs of decode and
+    speculative verify steps (top logprobs, token-id logprobs) go from the
+    device to the scheduler flat (:mod:`flatgather.sglang.spec_logprobs`),
+    each stage verified against the release's own as its module is imported.
     Either every patch is applied or, if one fails, none is left behind and
     the error propagates.
 
@@ -291,11 +315,12 @@ def install(
         try:
             state.patches.extend(apply_all(patches))
             state.backports.extend(verdict.contract.backports)
-            for module_name, prepare in DEFERRED:
+            deferred = DEFERRED + (OUTPUT_LOGPROBS if output_logprobs else ())
+            for module_name, prepare in deferred:
                 if _absent(module_name):
                     continue
                 on_import = functools.partial(_on_import, state, prepare)
-                state.pending[module_name] = on_import
+                state.pending[(module_name, prepare)] = on_import
                 _import_hooks.when_imported(module_name, on_import)
         except BaseException:
             _state = None
@@ -308,7 +333,7 @@ def install(
 
 
 def _cancel_pending(state: _Installed) -> None:
-    for module_name, callback in state.pending.items():
+    for (module_name, _), callback in state.pending.items():
         _import_hooks.cancel(module_name, callback)
     state.pending.clear()
 
@@ -346,6 +371,8 @@ def uninstall(timeout: float | None = None) -> bool:
         _cancel_pending(state)
         revert_all(state.patches)
         state.patches.clear()
+        # Lists registered before now are read by the release's loops.
+        spec_logprobs.clear()
         return True
 
 

@@ -129,13 +129,23 @@ def module_tree(module: types.ModuleType) -> ast.Module | None:
         return None
 
 
-def parse_method(owner: type, name: str) -> Method:
+def parse_method(owner: type, name: str, decorated: bool = False) -> Method:
     """The verified syntax tree of ``owner.<name>`` (a plain function in the
     ``__dict__`` of a class defined at the top of its module). Raises
     :class:`SourceMismatch` when the source cannot be found or does not
-    compile to the running code."""
+    compile to the running code.
+
+    With ``decorated``, the attribute may be what the source's decorators
+    made of the function (a wrapper whose ``__wrapped__`` is it, as
+    ``torch.profiler.record_function`` makes): the function under it is the
+    one proven, and the source must have decorators."""
     where = f"{owner.__qualname__}.{name}"
     function = vars(owner).get(name)
+    wrapped = getattr(function, "__wrapped__", None)
+    if decorated and isinstance(wrapped, types.FunctionType) and function is not wrapped:
+        function = wrapped
+    else:
+        decorated = False
     if not isinstance(function, types.FunctionType):
         raise SourceMismatch(f"{where} is not a plain function")
     if function.__code__.co_freevars:
@@ -161,6 +171,8 @@ def parse_method(owner: type, name: str) -> Method:
     # module's imports are compiled along with the method.
     imports = [stmt for stmt in module.body if _binds_imports(stmt)]
     tree = defs[-1]
+    if decorated and not tree.decorator_list:
+        raise SourceMismatch(f"{where} is wrapped, but its source has no decorator")
     code = _find_code(_compile(_class_module(imports, owner.__name__, tree), function), name)
     if code is None or code != function.__code__:
         raise SourceMismatch(
@@ -175,7 +187,10 @@ def build_method(
 ) -> types.FunctionType:
     """Compile ``tree`` (a rewritten copy of ``method.tree``) into a function
     that reads ``closure``'s names as free variables and the module's globals
-    as the original does. Nothing is added to the module's namespace."""
+    as the original does. Nothing is added to the module's namespace. The
+    tree's decorators are applied as the class body applies them (evaluated
+    in the module's globals); the function under them gets the original's
+    defaults and names."""
     params = ast.arguments(
         posonlyargs=[],
         args=[ast.arg(arg=n) for n in closure],
@@ -212,6 +227,11 @@ def build_method(
     assert code is not None
     make = types.FunctionType(code, method.function.__globals__, _FACTORY)
     built = make(*closure.values())
+    outer = built
+    if tree.decorator_list:
+        built = getattr(outer, "__wrapped__", None)
+        if not isinstance(built, types.FunctionType):
+            raise SourceMismatch(f"{method.name}: its decorators do not keep __wrapped__")
     original = method.function
     built.__defaults__ = original.__defaults__
     built.__kwdefaults__ = original.__kwdefaults__
@@ -220,4 +240,32 @@ def build_method(
     built.__doc__ = original.__doc__
     built.__dict__.update(original.__dict__)
     built.__wrapped__ = original
-    return built
+    if outer is not built:
+        outer.__qualname__ = original.__qualname__
+        outer.__module__ = original.__module__
+    outer.__flatgather_build__ = Build(method, tree, dict(closure))
+    return outer
+
+
+@dataclass(frozen=True)
+class Build:
+    """What :func:`build_method` built a method from: the release's method
+    (its source proven), the rewritten tree and the free variables."""
+
+    method: Method
+    tree: ast.FunctionDef
+    closure: dict[str, object]
+
+
+def to_rewrite(owner: type, name: str, decorated: bool = False) -> Build:
+    """What a rewrite of ``owner.<name>`` starts from: the release's method,
+    its tree and no free variables; or, where flatgather has already rebuilt
+    the attribute (two fixes in one method, as ``process_batch_result_prefill``
+    up to 0.5.12), that build, so that a second rewrite adds to the first
+    instead of refusing the wrapped function. Raises :class:`SourceMismatch`
+    as :func:`parse_method` does."""
+    build = getattr(vars(owner).get(name), "__flatgather_build__", None)
+    if isinstance(build, Build):
+        return build
+    method = parse_method(owner, name, decorated)
+    return Build(method, method.tree, {})

@@ -22,6 +22,9 @@ pub enum Field {
     /// `LogitsMetadata.token_ids_logprobs`: the token ids each request asks
     /// the logprobs of.
     TokenIds,
+    /// The top-logprob numbers, one per row of a decode step
+    /// (`top_logprobs_nums`, repeated per accepted position in a verify).
+    TopLogprobsNums,
 }
 
 impl Field {
@@ -33,6 +36,7 @@ impl Field {
             Field::ExtendLens => "extend_lens",
             Field::PrunedLens => "extend_logprob_pruned_lens",
             Field::TokenIds => "token_ids_logprobs",
+            Field::TopLogprobsNums => "top_logprobs_nums",
         }
     }
 }

@@ -3,7 +3,7 @@
 //! [`RotationPlan::fill`](crate::RotationPlan::fill) compute them. Unit tests, property tests
 //! and the fuzz target all check plans through [`check`].
 
-use crate::{Entry, PrunePlan, RotationPlan, TokenIdsPlan, Walk};
+use crate::{Entry, PrunePlan, RotationPlan, SpecLogprobsPlan, TokenIdsPlan, Walk};
 
 /// Checks the index sets a plan wrote for `extend`/`start` (already accepted
 /// by [`PrunePlan::new`]) against the contract, request by request:
@@ -293,6 +293,137 @@ pub fn check_token_ids(
     }
     if got != model {
         return Err(format!("entries {got:?}, want {model:?}"));
+    }
+    Ok(())
+}
+
+/// The release's `get_top_logprobs` on a decode step, row by row: row `i`
+/// reads `values[i][:k_i]` of the `[rows, max_k]` top-k tensor. The flat
+/// positions each row reads.
+pub fn top_k_model(top_logprobs_nums: &[i64]) -> Vec<Vec<usize>> {
+    let max_k = top_logprobs_nums.iter().copied().max().unwrap_or(0) as usize;
+    let mut out = Vec::new();
+    for (i, &k) in top_logprobs_nums.iter().enumerate() {
+        let mut row = Vec::new();
+        for j in 0..k as usize {
+            row.push(i * max_k + j);
+        }
+        out.push(row);
+    }
+    out
+}
+
+/// The release's `get_token_ids_logprobs` on a decode step, row by row:
+/// row `i` reads `logprobs[i, ids_i]` (negative ids from the end of the
+/// row), as flat indices into the row-major logprobs; None for a row
+/// without ids.
+pub fn token_ids_decode_model(token_ids: &[Option<&[i64]>], vocab: i64) -> Vec<Option<Vec<i64>>> {
+    let mut out = Vec::new();
+    for (i, ids) in token_ids.iter().enumerate() {
+        out.push(ids.map(|ids| {
+            ids.iter()
+                .map(|&id| i as i64 * vocab + id.rem_euclid(vocab))
+                .collect()
+        }));
+    }
+    out
+}
+
+/// Cuts `0..total` by `sizes`, keeping every `step`-th piece from the first.
+fn pieces(sizes: &[i64], step: usize) -> Result<Vec<std::ops::Range<usize>>, String> {
+    let mut at = 0usize;
+    let mut out = Vec::new();
+    for (n, &size) in sizes.iter().enumerate() {
+        let size = usize::try_from(size).map_err(|_| format!("split size {size} < 0"))?;
+        if n % step == 0 {
+            out.push(at..at + size);
+        }
+        at += size;
+    }
+    Ok(out)
+}
+
+/// Checks a top-k plan against [`top_k_model`]: every row's span, and the
+/// pieces its split sizes cut, are the positions the release's row reads,
+/// and the sizes cover the `[rows, max_k]` tensor exactly.
+pub fn check_top_k(plan: &SpecLogprobsPlan, top_logprobs_nums: &[i64]) -> Result<(), String> {
+    let model = top_k_model(top_logprobs_nums);
+    let width = plan.width().ok_or("a top-k plan without a width")?;
+    if plan.num_values() != model.len() * width || plan.buffer_len() != 0 {
+        return Err(format!(
+            "{} values for {} rows",
+            plan.num_values(),
+            model.len()
+        ));
+    }
+    let sizes = plan.split_sizes();
+    if sizes.iter().sum::<i64>() != plan.num_values() as i64 {
+        return Err("the split sizes do not cover the top-k tensor".into());
+    }
+    let cut = pieces(&sizes, 2)?;
+    let spans: Vec<_> = plan.spans().iter().map(|&(s, n)| s..s + n).collect();
+    for (i, want) in model.iter().enumerate() {
+        let want = want.first().map_or(0..0, |&f| f..f + want.len());
+        if spans.get(i) != Some(&want) && !(want.is_empty() && spans[i].is_empty()) {
+            return Err(format!("row {i}: span {:?}, want {want:?}", spans.get(i)));
+        }
+        if cut.get(i).map(|r| r.len()) != Some(want.len()) || (!want.is_empty() && cut[i] != want) {
+            return Err(format!("row {i}: piece {:?}, want {want:?}", cut.get(i)));
+        }
+    }
+    let uniform = top_logprobs_nums.iter().all(|&k| k as usize == width);
+    if plan.uniform() != uniform || cut.len() != model.len() {
+        return Err("uniform, or the number of pieces, is wrong".into());
+    }
+    Ok(())
+}
+
+/// Checks a token-ids plan against [`token_ids_decode_model`]: the split
+/// sizes cut the gathered values into the rows in order, the indices
+/// [`SpecLogprobsPlan::fill`] writes are the release's, row by row, and the
+/// rows without ids are named.
+pub fn check_decode_token_ids(
+    plan: &SpecLogprobsPlan,
+    token_ids: &[Option<&[i64]>],
+    vocab: i64,
+) -> Result<(), String> {
+    let model = token_ids_decode_model(token_ids, vocab);
+    let mut buf = vec![-1i64; plan.buffer_len() + 1];
+    plan.fill(&mut buf).map_err(|e| e.to_string())?;
+    if buf[plan.buffer_len()] != -1 || plan.num_values() != plan.buffer_len() {
+        return Err("fill wrote past its buffer".into());
+    }
+    let cut = pieces(&plan.split_sizes(), 1)?;
+    if cut.len() != model.len() || cut.last().map_or(0, |r| r.end) != plan.num_values() {
+        return Err("the split sizes do not cut the values into the rows".into());
+    }
+    let mut none = Vec::new();
+    for (i, (want, range)) in model.iter().zip(&cut).enumerate() {
+        let got = &buf[range.clone()];
+        match want {
+            None => {
+                none.push(i);
+                if !got.is_empty() {
+                    return Err(format!("row {i} has no ids but gets values"));
+                }
+            }
+            Some(want) if got != &want[..] => {
+                return Err(format!("row {i}: indices {got:?}, want {want:?}"));
+            }
+            Some(_) => {}
+        }
+        if plan.spans()[i] != (range.start, range.len()) {
+            return Err(format!(
+                "row {i}: span {:?}, want {range:?}",
+                plan.spans()[i]
+            ));
+        }
+    }
+    if plan.none_rows() != &none[..] {
+        return Err(format!(
+            "rows without ids {:?}, want {none:?}",
+            plan.none_rows()
+        ));
     }
     Ok(())
 }

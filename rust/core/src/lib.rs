@@ -1,7 +1,8 @@
 //! Flat gather plans for the prefill step of SGLang's speculative-decoding
 //! path: the pruning of `LogitsProcessor._get_pruned_states` ("prefill with
-//! input logprobs"), the draft worker's input rotation ([`RotationPlan`]) and
-//! the token-id input logprobs ([`TokenIdsPlan`]).
+//! input logprobs"), the draft worker's input rotation ([`RotationPlan`]),
+//! the token-id input logprobs ([`TokenIdsPlan`]) and the output logprobs of
+//! a decode or verify step ([`SpecLogprobsPlan`]).
 //!
 //! ## Pruning
 //!
@@ -63,11 +64,13 @@ pub mod invariants;
 mod lengths;
 mod prune;
 mod rotation;
+mod spec_logprobs;
 mod token_ids;
 
 pub use error::{Field, PlanError};
 pub use prune::{Layout, PrunePlan};
 pub use rotation::RotationPlan;
+pub use spec_logprobs::SpecLogprobsPlan;
 pub use token_ids::{Entry, TokenIdsPlan, Walk};
 
 #[cfg(test)]

@@ -1,5 +1,8 @@
 use super::*;
-use crate::invariants::{check_plan, check_rotation_plan, check_token_ids, token_ids_model};
+use crate::invariants::{
+    check_decode_token_ids, check_plan, check_rotation_plan, check_token_ids, check_top_k,
+    token_ids_model,
+};
 use proptest::prelude::*;
 
 fn parts(plan: &PrunePlan, with_token_to_seq: bool) -> (Vec<i64>, Vec<i64>, Vec<i64>, Vec<i64>) {
@@ -396,6 +399,79 @@ fn batch() -> impl Strategy<Value = (Vec<i64>, Vec<i64>)> {
     .prop_map(|pairs| pairs.into_iter().unzip())
 }
 
+#[test]
+fn spec_top_k_seed_example() {
+    // B = 2 requests verifying A = 2 positions each: top-2, then top-1 and
+    // top-0 mixed in (a request without top logprobs).
+    let nums = [2, 2, 1, 1, 0, 0];
+    let plan = SpecLogprobsPlan::top_k(&nums, 8, 10).unwrap();
+    assert_eq!(plan.width(), Some(2));
+    assert_eq!(plan.num_values(), 12);
+    assert!(!plan.uniform());
+    assert_eq!(plan.split_sizes(), vec![2, 0, 2, 0, 1, 1, 1, 1, 0, 2, 0, 2]);
+    check_top_k(&plan, &nums).unwrap();
+    let plan = SpecLogprobsPlan::top_k(&[5; 4], 4, 10).unwrap();
+    assert!(plan.uniform());
+    check_top_k(&plan, &[5; 4]).unwrap();
+}
+
+#[test]
+fn spec_token_ids_seed_example() {
+    // Ragged ids, an empty list and None; a negative id counts from the end.
+    let lists = [Some(vec![7, 3]), Some(vec![]), None, Some(vec![-1])];
+    let ids = ids_of(&lists);
+    let plan = SpecLogprobsPlan::token_ids(&ids, 4, 10).unwrap();
+    let mut flat = vec![0; plan.buffer_len()];
+    plan.fill(&mut flat).unwrap();
+    assert_eq!(flat, vec![7, 3, 39]);
+    assert_eq!(plan.split_sizes(), vec![2, 0, 0, 1]);
+    assert_eq!(plan.none_rows(), &[2]);
+    check_decode_token_ids(&plan, &ids, 10).unwrap();
+}
+
+#[test]
+fn spec_refusals_name_the_row() {
+    let err = SpecLogprobsPlan::top_k(&[1, -2], 2, 10).unwrap_err();
+    assert_eq!((err.kind(), err.request()), ("negative", Some(1)));
+    let err = SpecLogprobsPlan::top_k(&[1, 11], 2, 10).unwrap_err();
+    assert_eq!((err.kind(), err.request()), ("left_to_release", Some(1)));
+    assert_eq!(
+        SpecLogprobsPlan::top_k(&[1, 1, 1], 2, 10)
+            .unwrap_err()
+            .kind(),
+        "too_few_rows"
+    );
+    assert_eq!(
+        SpecLogprobsPlan::top_k(&[], 2, 10).unwrap_err().kind(),
+        "empty_batch"
+    );
+    let lists = [Some(vec![1]), Some(vec![10])];
+    let err = SpecLogprobsPlan::token_ids(&ids_of(&lists), 2, 10).unwrap_err();
+    assert_eq!(
+        (err.kind(), err.request()),
+        ("token_id_out_of_range", Some(1))
+    );
+    let lists = [None, None, None];
+    let err = SpecLogprobsPlan::token_ids(&ids_of(&lists), 2, 10).unwrap_err();
+    assert_eq!(err.kind(), "too_few_rows");
+    // Extra rows (a padded tensor) are never read.
+    let plan = SpecLogprobsPlan::token_ids(&ids_of(&lists[..1]), 2, 10).unwrap();
+    assert_eq!((plan.num_rows(), plan.num_values()), (1, 0));
+    let mut short = vec![0; 0];
+    let plan = SpecLogprobsPlan::token_ids(&ids_of(&[Some(vec![1, 2])]), 1, 10).unwrap();
+    assert_eq!(
+        plan.fill(&mut short).unwrap_err().kind(),
+        "buffer_too_small"
+    );
+}
+
+fn spec_ids() -> impl Strategy<Value = Vec<Option<Vec<i64>>>> {
+    prop::collection::vec(
+        prop::option::weighted(0.8, prop::collection::vec(-12i64..12, 0..5)),
+        1..40,
+    )
+}
+
 proptest! {
     #[test]
     fn every_accepted_batch_meets_the_contract((extend, start) in batch()) {
@@ -459,6 +535,46 @@ proptest! {
                     || err.kind() == "plan_too_large");
                 prop_assert!(err.request().is_none_or(|r| r < lens.len()));
             }
+        }
+    }
+
+    #[test]
+    fn every_spec_top_k_plan_matches_the_row_by_row_model(
+        nums in prop::collection::vec(prop_oneof![Just(0i64), 1i64..4, Just(20)], 1..64),
+        spare in 0i64..3,
+    ) {
+        let rows = nums.len() as i64 + spare;
+        let plan = SpecLogprobsPlan::top_k(&nums, rows, 32).unwrap();
+        check_top_k(&plan, &nums).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn every_spec_token_ids_plan_matches_the_row_by_row_model(
+        lists in spec_ids(),
+        spare in 0i64..3,
+        vocab in 1i64..14,
+    ) {
+        let ids = ids_of(&lists);
+        let rows = lists.len() as i64 + spare;
+        match SpecLogprobsPlan::token_ids(&ids, rows, vocab) {
+            Ok(plan) => check_decode_token_ids(&plan, &ids, vocab).map_err(TestCaseError::fail)?,
+            Err(err) => {
+                prop_assert_eq!(err.kind(), "token_id_out_of_range");
+                let row = err.request().unwrap();
+                prop_assert!(ids[row].unwrap().iter().any(|&id| id < -vocab || id >= vocab));
+            }
+        }
+    }
+
+    #[test]
+    fn arbitrary_spec_inputs_never_panic(
+        nums in prop::collection::vec(any::<i64>(), 0..6),
+        rows in any::<i64>(),
+        vocab in any::<i64>(),
+    ) {
+        if let Ok(plan) = SpecLogprobsPlan::top_k(&nums, rows, vocab) {
+            prop_assume!(plan.num_values() < 1 << 20);
+            check_top_k(&plan, &nums).map_err(TestCaseError::fail)?;
         }
     }
 }

@@ -1,0 +1,442 @@
+"""The output-logprob chain of decode and speculative verify steps
+(flatgather.sglang.spec_logprobs): flat, and bit-exact with the release.
+
+The oracle is always the release's own chain, its stage objects taken
+before any install (flatgather.bench.spec_chain): its spec logprob
+function, ``GenerationBatchResult.copy_to_cpu``, the scheduler's
+``_normalize_decode_outputs`` and ``_apply_decode_logprobs`` (inline before
+0.5.13: there stage 3 is the method's comprehensions). Everything the
+scheduler holds after stage 3, and everything it appends to each request,
+must be identical: values bit for bit, Python types, nesting, the id lists
+themselves.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+import types
+
+import flatgather.sglang as fs
+import numpy as np
+import pytest
+import torch
+from _sglang import RELEASE  # noqa: F401  (skips without a release)
+from flatgather import PlanError
+from flatgather._core import SpecLogprobsPlan
+from flatgather.bench import spec_chain as sc
+from flatgather.bench.timing import aten_ops, host_syncs
+from flatgather.sglang import spec_logprobs, spec_logprobs_check
+from flatgather.sglang.spec_logprobs_check import difference
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+CHAIN = sc.find()  # the release's own stage objects, before any install
+VOCAB = 48
+# Before 0.5.21 a row without ids is an empty list, on which the release's
+# own stage 3 fails (AttributeError): a batch mixing None with ids crashes it.
+NONE_AS_TENSOR = "new_empty" in (
+    sc._raw_function(CHAIN.spec.__globals__["get_token_ids_logprobs"])
+    .__globals__["get_token_ids_logprobs_raw"]
+    .__code__.co_names
+)
+
+
+def outcome(step, stock: bool, copy: bool = True):
+    try:
+        return sc.run(step, stock=stock, copy=copy)
+    except Exception as exc:  # the same failure, or none
+        return {"raised": type(exc).__name__}
+
+
+def check(step, copy: bool = True) -> dict:
+    expected = outcome(step, stock=True, copy=copy)
+    fs.install()
+    actual = outcome(step, stock=False, copy=copy)
+    found = difference(actual, expected, "chain")
+    assert found is None, found
+    return actual
+
+
+# --- the plan (the binding) --------------------------------------------------------------------
+
+
+def test_plan_seed_examples():
+    plan = SpecLogprobsPlan.top_k([2, 2, 1, 1, 0, 0], 8, 10)
+    assert (plan.width, plan.num_rows, plan.num_values, plan.uniform) == (2, 6, 12, False)
+    assert plan.split_sizes() == [2, 0, 2, 0, 1, 1, 1, 1, 0, 2, 0, 2]
+    assert plan.rows_of(list(range(12))) == [[0, 1], [2, 3], [4], [6], [], []]
+    plan = SpecLogprobsPlan.token_ids([[7, 3], [], None, [-1]], 4, 10)
+    out = np.zeros(plan.buffer_len(), dtype=np.int64)
+    plan.fill(out)
+    assert out.tolist() == [7, 3, 39] and plan.none_rows() == [2]
+    assert plan.rows_of([0.5, 1.5, 2.5]) == [[0.5, 1.5], [], [], [2.5]]
+    for bad, kind in (([1, -1], "negative"), ([1, 11], "left_to_release"), ([], "empty_batch")):
+        with pytest.raises(PlanError) as err:
+            SpecLogprobsPlan.top_k(bad, 4, 10)
+        assert err.value.kind == kind
+    with pytest.raises(PlanError) as err:
+        SpecLogprobsPlan.token_ids([[1], [10]], 2, 10)
+    assert (err.value.kind, err.value.request) == ("token_id_out_of_range", 1)
+
+
+# --- install -----------------------------------------------------------------------------------
+
+
+@pytest.mark.matrix
+def test_install_patches_every_stage_the_release_has_and_notes_nothing():
+    report = fs.install()
+    chain = [n for n in report.notes if "logprob" in n and "left stock" in n]
+    assert not chain, chain
+    spec_module = CHAIN.spec.__module__
+    expected = {
+        f"{spec_module}.get_top_logprobs",
+        f"{spec_module}.get_token_ids_logprobs",
+        "sglang.srt.managers.utils.GenerationBatchResult.copy_to_cpu",
+    }
+    if CHAIN.processor is not None:
+        where = f"{CHAIN.processor.__module__}.{CHAIN.processor.__qualname__}"
+        expected |= {f"{where}._normalize_decode_outputs", f"{where}.move_logprobs_to_cpu"}
+    if CHAIN.spec_kind == "method":  # 0.5.10: the worker module looks them up itself
+        expected |= {f"{sc.WORKER}.get_top_logprobs", f"{sc.WORKER}.get_token_ids_logprobs"}
+    assert expected <= set(report.patched), sorted(expected - set(report.patched))
+    # The rebuilt methods are the release's, rebuilt: same name, same file.
+    built = CHAIN.result_cls.copy_to_cpu
+    assert built is not CHAIN.stock["copy_to_cpu"]
+    assert built.__qualname__ == CHAIN.stock["copy_to_cpu"].__qualname__
+    assert fs.uninstall()
+    assert sc._raw(CHAIN.result_cls, "copy_to_cpu") is CHAIN.stock["copy_to_cpu"]
+    assert vars(CHAIN.result_cls)["copy_to_cpu"] is not built
+
+
+@pytest.mark.matrix
+def test_the_mixin_methods_are_rewritten_before_0_5_13():
+    """Up to 0.5.12 stage 3 is inline in the mixin's process_batch_result_*:
+    only its comprehensions are replaced, and the rewrite with them put back
+    is the release's tree."""
+    if CHAIN.processor is not None:
+        pytest.skip("the release has SchedulerBatchResultProcessor")
+    import sglang.srt.managers.scheduler_output_processor_mixin as mixin
+
+    prepared = spec_logprobs_check.prepare_consumers(mixin)
+    assert not prepared.notes, prepared.notes
+    assert {p.name for p in prepared.patches} == {
+        "process_batch_result_prefill",
+        "process_batch_result_decode",
+    }
+
+
+# --- bit-exact on the named cases ----------------------------------------------------------------
+
+IDS = [[3, 1], None, [], [2, -1, 47, 2], [0], [-48, 5, 4, 9]]
+NAMED = {
+    "top 0/1/20 mixed, requests without logprobs": dict(B=6, A=4, top=[0, 1, 20, 0, 5, 20]),
+    "top-k all equal (the rows as they are)": dict(B=5, A=3, top=[5] * 5),
+    "token ids ragged, empty": dict(B=4, A=4, top=[0] * 4, ids=[IDS[0], IDS[2], IDS[3], IDS[5]]),
+    "token ids None mixed in": dict(B=5, A=2, top=[1, 0, 0, 3, 0], ids=IDS[:5]),
+    "both, A = 1 (plain decode's shape)": dict(B=7, A=1, top=[2] * 7, ids=[IDS[0]] * 7),
+    "A = 8": dict(B=3, A=8, top=[4, 0, 20], ids=[IDS[3], IDS[4], IDS[0]]),
+    "B = 1": dict(B=1, A=4, top=[5], ids=[IDS[3]]),
+    "B = 1, A = 1 (one row: the release's chain)": dict(B=1, A=1, top=[5], ids=[IDS[0]]),
+}
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("copy", [True, False], ids=["copy_to_cpu", "no-copy"])
+@pytest.mark.parametrize("name", list(NAMED))
+def test_the_chain_is_the_release_s_on_named_cases(name, copy, dtype):
+    case = NAMED[name]
+    B = case["B"]
+    ids = case.get("ids", [None] * B)
+    step = sc.make_step(B, case["A"], case["top"], ids, vocab=VOCAB, dtype=dtype, seed=B)
+    out = check(step, copy=copy)
+    mixed_none = None in ids and any(i is not None for i in ids)
+    if "raised" in out:  # the release's own failure (see NONE_AS_TENSOR)
+        assert not NONE_AS_TENSOR and mixed_none
+    if B * case["A"] >= spec_logprobs.MIN_ROWS and (NONE_AS_TENSOR or not mixed_none):
+        # Flat: a .tolist() per list, not per row (ids, logprobs, and at most
+        # top val, top idx, token-id val).
+        assert fg_syncs(step, copy) <= 5
+
+
+def fg_syncs(step, copy: bool = True) -> int:
+    one, two, three, _ = sc.stages(CHAIN, step)
+
+    def chain():
+        one()
+        if copy:
+            two()
+        three()
+
+    return host_syncs(chain)
+
+
+@st.composite
+def steps(draw):
+    B = draw(st.integers(1, 24))
+    A = draw(st.integers(1, 8))
+    top = draw(st.lists(st.sampled_from([0, 0, 1, 3, 20]), min_size=B, max_size=B))
+    id_list = st.lists(st.integers(-VOCAB, VOCAB - 1), max_size=5)
+    if NONE_AS_TENSOR:
+        ids = draw(st.lists(st.none() | id_list, min_size=B, max_size=B))
+    else:  # None mixed with ids fails in the release: covered by the named cases
+        ids = draw(st.lists(id_list, min_size=B, max_size=B) | st.just([None] * B))
+    accept = draw(st.lists(st.integers(1, A), min_size=B, max_size=B))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    return sc.make_step(B, A, top, ids, accept, vocab=VOCAB, dtype=dtype, seed=B * A)
+
+
+@pytest.mark.matrix
+@settings(max_examples=30)
+@given(step=steps(), copy=st.booleans())
+def test_the_chain_is_the_release_s_on_any_step(step, copy):
+    fs.uninstall()
+    out = check(step, copy=copy)
+    assert "raised" not in out, out
+
+
+# --- flat: what one step costs ------------------------------------------------------------------
+
+
+def _costs(B: int) -> tuple[int, int, int]:
+    step = sc.make_step(B, 4, [5] * B, [[3, 7, 11, 40]] * B, vocab=VOCAB, seed=B)
+    one, two, three, _ = sc.stages(CHAIN, step)
+    copies: list = []
+
+    def chain():
+        one()
+        two()
+        three()
+
+    with sc.emulated_copies(copies) as emulated:
+        ops = aten_ops(chain)
+        syncs = host_syncs(chain)
+    return ops, len(copies) // 2 if emulated else -1, syncs
+
+
+@pytest.mark.matrix
+def test_ops_copies_and_tolist_calls_per_step_do_not_grow_with_the_batch():
+    fs.install()
+    small, large = _costs(8), _costs(128)
+    assert small == large, (small, large)
+    _, copies, syncs = large
+    # tolist: next_token_logprobs, next token ids, top val, top idx, token-id val.
+    assert syncs == 5 and copies in (-1, 5), large
+
+
+# --- partial installs never give another answer ------------------------------------------------
+
+
+def _stage(patch) -> str | None:
+    if patch.name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS):
+        return "producers"
+    if patch.name == "copy_to_cpu":
+        return "copy"
+    if getattr(patch.new, "__flatgather__", None) == spec_logprobs_check.CONSUMERS:
+        return "consumers"
+    return None
+
+
+def _only(*stages: str) -> None:
+    """install(), then put back the release's own object of every stage of
+    the chain not named."""
+    fs.install()
+    state = fs._state
+    keep = []
+    for patch in state.patches:
+        if _stage(patch) in (None, *stages):
+            keep.append(patch)
+        else:
+            patch.revert()
+    state.patches[:] = keep
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize(
+    "stages", [("producers",), ("producers", "copy"), ("copy", "consumers"), ("consumers",)]
+)
+def test_any_subset_of_the_stages_gives_the_release_s_answer(stages):
+    ids = [[3, 1], [], [5, -2, 7]] * 2 if not NONE_AS_TENSOR else IDS
+    step = sc.make_step(6, 3, [0, 1, 20, 2, 2, 5], ids, vocab=VOCAB)
+    expected = outcome(step, stock=True)
+    _only(*stages)
+    found = difference(outcome(step, stock=False), expected, "chain")
+    assert found is None, found
+
+
+@pytest.mark.matrix
+def test_an_uninstall_between_the_stages_gives_the_release_s_answer():
+    step = sc.make_step(6, 3, [0, 1, 20, 2, 2, 5], [[3, 1], [], [5, -2, 7]] * 2, vocab=VOCAB)
+    expected = sc.run(step, stock=True)
+    fs.install()
+    one, two, three, state = sc.stages(CHAIN, step)
+    one()
+    assert spec_logprobs.registered(state["result"].logits_output.next_token_top_logprobs_val)
+    fs.uninstall()  # the release's copy and scheduler now see flatgather's lists
+    two()
+    three()
+    lo = state["result"].logits_output
+    got = {
+        "top_val": lo.next_token_top_logprobs_val,
+        "ids_val": lo.next_token_token_ids_logprobs_val,
+    }
+    want = {"top_val": expected["top_val"], "ids_val": expected["ids_val"]}
+    assert difference(got, want, "chain") is None
+
+
+# --- what goes to the release --------------------------------------------------------------------
+
+
+@pytest.mark.matrix
+def test_compiled_code_and_small_calls_get_the_release_s_function(monkeypatch):
+    fs.install()
+    module = __import__(CHAIN.spec.__module__, fromlist=["x"])
+    top = module.get_top_logprobs
+    logprobs = torch.randn(6, VOCAB).log_softmax(-1)
+    vals, _ = top(logprobs, [2] * 6, no_copy_to_cpu=True)
+    assert spec_logprobs.registered(vals)
+    vals, _ = top(logprobs[:1], [2], no_copy_to_cpu=True)
+    assert not spec_logprobs.registered(vals)  # one row
+    vals, _ = top(logprobs, [2] * 6)
+    assert type(vals[0]) is list  # the copying path is the release's
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    vals, _ = top(logprobs, [2] * 6, no_copy_to_cpu=True)
+    assert not spec_logprobs.registered(vals)
+
+
+@pytest.mark.matrix
+def test_a_module_that_imports_a_patched_producer_gets_the_release_s_back():
+    """A module imported after install() that takes the helpers from the
+    patched module (0.5.10's worker, the sampler) is checked against, and
+    restored to, the release's own function."""
+    fs.install()
+    module = __import__(CHAIN.spec.__module__, fromlist=["x"])
+    defining = module.get_top_logprobs.__globals__["__name__"]
+    late = types.ModuleType("late_importer")
+    late.get_top_logprobs = module.get_top_logprobs  # flatgather's, as imported now
+    release = sc._raw_function(late.get_top_logprobs)
+    assert late.get_top_logprobs is not release and defining
+    (patch,) = spec_logprobs_check.prepare_producers(late).patches
+    assert vars(late)["get_top_logprobs"] is release
+    patch.apply()
+    assert patch.new.__wrapped__ is release
+    patch.revert()
+    assert vars(late)["get_top_logprobs"] is release
+
+
+def test_registered_lists_are_bounded_and_forgotten_at_uninstall():
+    fs.install()
+    top = spec_logprobs.make_top_logprobs(lambda *a: None)
+    logprobs = torch.randn(4, VOCAB)
+    lists = [top(logprobs, [1] * 4, True)[0] for _ in range(spec_logprobs._LIVE_MAX)]
+    assert not spec_logprobs.registered(lists[0]) and spec_logprobs.registered(lists[-1])
+    fs.uninstall()
+    assert not spec_logprobs.registered(lists[-1])
+    # A list changed after registration goes to the release's loop.
+    vals, _ = top(logprobs, [1] * 4, True)
+    vals[0] = vals[0] + 1
+    assert spec_logprobs.rows_tolist(vals, lambda v: v.tolist()) == [v.tolist() for v in vals]
+
+
+def test_rewrite_replaces_only_the_known_comprehensions():
+    tree = ast.parse(
+        textwrap.dedent(
+            """
+            def f(self, out):
+                a = [v.tolist() for v in out.next_token_top_logprobs_val]
+                b = [_d2h(x) if torch.is_tensor(x) else x for x in out.next_token_top_logprobs_idx]
+                c = [v.tolist() for v in out.other]
+                return a, b, c
+            """
+        )
+    ).body[0]
+    result = spec_logprobs_check.rewrite(tree)
+    assert {kind for kind, _ in result.elts.values()} == {
+        spec_logprobs_check.TOLIST,
+        spec_logprobs_check.TO_HOST,
+    }
+    assert "out.other" in ast.unparse(result.tree) and ast.unparse(result.tree).count("[") == 1
+    other = ast.parse(
+        "def f(o):\n    return [v.tolist() + 1 for v in o.next_token_top_logprobs_val]"
+    )
+    assert "another shape" in spec_logprobs_check.rewrite(other.body[0])
+
+
+# --- the install-time checks catch what they guard -------------------------------------------
+
+
+@pytest.fixture
+def fresh_checks():
+    """The producer checks are cached per release function: a test that
+    breaks flatgather's code must not leave its verdict behind."""
+    spec_logprobs_check._verified.clear()
+    yield
+    spec_logprobs_check._verified.clear()
+
+
+@pytest.mark.matrix
+def test_a_producer_that_differs_is_left_stock(monkeypatch, fresh_checks):
+    module = __import__(CHAIN.spec.__module__, fromlist=["x"])
+    # The rows in the wrong order: the check must see it.
+    real = spec_logprobs._views
+    monkeypatch.setattr(spec_logprobs, "_views", lambda plan, flat: real(plan, flat)[::-1])
+    prepared = spec_logprobs_check.prepare_producers(module)
+    assert not prepared.patches and prepared.notes, prepared
+
+
+@pytest.mark.matrix
+def test_a_chain_helper_that_differs_leaves_the_methods_stock(monkeypatch, fresh_checks):
+    import sglang.srt.managers.utils as utils
+
+    real = spec_logprobs._Flat.tolist
+    monkeypatch.setattr(spec_logprobs._Flat, "tolist", lambda self, elt: real(self, elt)[1:])
+    if CHAIN.processor is not None:
+        module = __import__(CHAIN.processor.__module__, fromlist=["x"])
+        prepared = spec_logprobs_check.prepare_consumers(module)
+        assert not prepared.patches and prepared.notes, prepared
+    monkeypatch.setattr(spec_logprobs, "_views", lambda plan, flat: [flat] * plan.num_rows)
+    prepared = spec_logprobs_check.prepare_consumers(utils)
+    assert not prepared.patches and prepared.notes, prepared
+
+
+def test_move_logprobs_to_cpu_is_the_release_s():
+    """The prefill twin of stage 3, on the lists the sampler's producers make."""
+    if CHAIN.processor is None:
+        pytest.skip("no SchedulerBatchResultProcessor before 0.5.13")
+    stock = sc._raw(CHAIN.processor, "move_logprobs_to_cpu")
+    step = sc.make_step(5, 1, [3, 0, 1, 3, 20], [None] * 5, vocab=VOCAB)
+
+    def run(fn, install: bool):
+        if install:
+            fs.install()
+        lo = sc._logits_output(step)
+        sc._stage1(CHAIN, step, lo)
+        fn(None, batch=types.SimpleNamespace(return_logprob=True), logits_output=lo)
+        return [lo.next_token_top_logprobs_val, lo.next_token_top_logprobs_idx]
+
+    with fs.module_functions_as_shipped():
+        expected = run(stock, False)
+    actual = run(CHAIN.processor.move_logprobs_to_cpu, True)
+    assert difference(actual, expected) is None
+
+
+@pytest.mark.matrix
+def test_plain_decode_reaches_the_same_producers():
+    """Non-speculative decode asks the same two helpers for the same shape
+    (one row per request): its caller must find flatgather's."""
+    try:
+        from sglang.srt.layers.logprob_processor import OutputLogprobProcessor
+
+        caller = OutputLogprobProcessor.compute_logprobs
+    except ImportError:  # before 0.5.16: the sampler imports the helpers
+        import sglang.srt.layers.sampler as sampler
+
+        caller = next(
+            f
+            for f in vars(sampler.Sampler).values()
+            if "get_top_logprobs" in getattr(getattr(f, "__code__", None), "co_names", ())
+        )
+    fs.install()
+    for name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS):
+        assert getattr(caller.__globals__[name], "__flatgather__", None), name
