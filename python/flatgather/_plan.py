@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from flatgather._core import PrunePlan as _PrunePlan
@@ -52,35 +51,6 @@ class RotationPlan:
     num_tokens: int
     """``sum(extend_lens)``."""
     buffer: torch.Tensor
-
-
-def _as_lengths(value: Any, field: str) -> Any:
-    """1-D integer tensors and arrays become lists; lists and tuples (and
-    anything else, which the extension refuses by name) pass through."""
-    if isinstance(value, torch.Tensor):
-        if value.dim() != 1:
-            raise PlanError(
-                f"{field} must be 1-D, got a tensor of shape {tuple(value.shape)}",
-                "bad_container",
-            )
-        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-            raise PlanError(
-                f"{field} must hold integers, got a tensor of dtype {value.dtype}",
-                "bad_container",
-            )
-        return value.tolist()
-    if isinstance(value, np.ndarray):
-        if value.ndim != 1:
-            raise PlanError(
-                f"{field} must be 1-D, got an array of shape {value.shape}", "bad_container"
-            )
-        if value.dtype.kind not in "iu":
-            raise PlanError(
-                f"{field} must hold integers, got an array of dtype {value.dtype}",
-                "bad_container",
-            )
-        return value.tolist()
-    return value
 
 
 def _flag(value: Any, name: str, optional: bool = False) -> bool | None:
@@ -141,8 +111,8 @@ def prune_plan(
     exact = _flag(exact_rows, "exact_rows")
     pin = _flag(pin_memory, "pin_memory", optional=True)
     plan = _PrunePlan(
-        _as_lengths(extend_seq_lens, "extend_seq_lens"),
-        _as_lengths(extend_logprob_start_lens, "extend_logprob_start_lens"),
+        extend_seq_lens,
+        extend_logprob_start_lens,
         num_rows,
         exact,
     )
@@ -178,7 +148,7 @@ def rotation_plan(
     """
     with_embeds = _flag(embeds, "embeds")
     pin = _flag(pin_memory, "pin_memory", optional=True)
-    plan = _RotationPlan(_as_lengths(extend_lens, "extend_lens"), num_rows)
+    plan = _RotationPlan(extend_lens, num_rows)
     buffer = _host_buffer(plan.buffer_len(with_embeds), pin)
     plan.fill(buffer.numpy(), with_embeds)
     n = plan.num_tokens

@@ -149,12 +149,7 @@ fn tensor_len(
         ));
     }
     let dtype = item.getattr(intern!(py, "dtype"))?;
-    let is_bool = dtype.eq(torch.getattr(intern!(py, "bool"))?)?;
-    let not_int = dtype
-        .getattr(intern!(py, "is_floating_point"))?
-        .is_truthy()?
-        || dtype.getattr(intern!(py, "is_complex"))?.is_truthy()?;
-    if is_bool || not_int {
+    if !integer_dtype(&dtype, torch)? {
         let name = dtype.str()?.to_string();
         return Err(not_an_integer(
             field,
@@ -163,6 +158,73 @@ fn tensor_len(
         ));
     }
     int_to_i64(&item.call_method0(intern!(py, "item"))?, field, request)
+}
+
+/// Whether a torch dtype holds integers (`bool` does not).
+fn integer_dtype(dtype: &Bound<'_, PyAny>, torch: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = dtype.py();
+    Ok(!(dtype.eq(torch.getattr(intern!(py, "bool"))?)?
+        || dtype
+            .getattr(intern!(py, "is_floating_point"))?
+            .is_truthy()?
+        || dtype.getattr(intern!(py, "is_complex"))?.is_truthy()?))
+}
+
+/// The lengths of a 1-D integer torch tensor or NumPy array, as a list
+/// (its `.tolist()`); None when `obj` is neither. Any other shape or dtype
+/// is refused by name.
+fn array_lens<'py>(obj: &Bound<'py, PyAny>, field: Field) -> PyResult<Option<Bound<'py, PyList>>> {
+    let py = obj.py();
+    let modules = py
+        .import(intern!(py, "sys"))?
+        .getattr(intern!(py, "modules"))?;
+    let dtype = || obj.getattr(intern!(py, "dtype"));
+    let mut found = None;
+    if let Ok(torch) = modules.get_item(intern!(py, "torch")) {
+        if obj.is_instance(&torch.getattr(intern!(py, "Tensor"))?)? {
+            found = Some(("a tensor", integer_dtype(&dtype()?, &torch)?));
+        }
+    }
+    if let Ok(np) = modules.get_item(intern!(py, "numpy")) {
+        if obj.is_instance(&np.getattr(intern!(py, "ndarray"))?)? {
+            let kind: String = dtype()?.getattr(intern!(py, "kind"))?.extract()?;
+            found = Some(("an array", kind == "i" || kind == "u"));
+        }
+    }
+    let Some((what, integer)) = found else {
+        return Ok(None);
+    };
+    let ndim: i64 = obj.getattr(intern!(py, "ndim"))?.extract()?;
+    if ndim != 1 {
+        let shape = py
+            .import(intern!(py, "builtins"))?
+            .getattr(intern!(py, "tuple"))?
+            .call1((obj.getattr(intern!(py, "shape"))?,))?;
+        return Err(plan_error(
+            format!(
+                "{} must be 1-D, got {what} of shape {}",
+                field.name(),
+                shape.str()?
+            ),
+            "bad_container",
+            None,
+        ));
+    }
+    if !integer {
+        return Err(plan_error(
+            format!(
+                "{} must hold integers, got {what} of dtype {}",
+                field.name(),
+                dtype()?.str()?
+            ),
+            "bad_container",
+            None,
+        ));
+    }
+    Ok(Some(
+        obj.call_method0(intern!(py, "tolist"))?
+            .cast_into::<PyList>()?,
+    ))
 }
 
 /// One length, as SGLang passes it: a Python int, a NumPy integer, a 0-d
@@ -225,9 +287,12 @@ fn extract_lens(obj: &Bound<'_, PyAny>, field: Field) -> PyResult<Vec<i64>> {
     if let Ok(tuple) = obj.cast::<PyTuple>() {
         return collect_lens(tuple.iter(), tuple.len(), field);
     }
+    if let Some(list) = array_lens(obj, field)? {
+        return collect_lens(list.iter(), list.len(), field);
+    }
     Err(plan_error(
         format!(
-            "{} must be a list or tuple of ints (as SGLang holds it), got {}",
+            "{} must be a list or tuple of ints (as SGLang holds it) or a 1-D integer tensor or array, got {}",
             field.name(),
             describe(obj)
         ),
