@@ -221,3 +221,17 @@ def test_launcher_help_says_what_it_does(tmp_path):
 def test_a_child_that_cannot_start_fails_fast(tmp_path):
     out = run_python(["-c", "import this_module_does_not_exist_here"], "1", tmp_path, timeout=60)
     assert out.returncode != 0 and "ModuleNotFoundError" in out.stderr
+
+
+def test_the_release_table_imports_neither_torch_nor_sglang(tmp_path):
+    """``flatgather.sglang`` loads its install machinery on first use, so the
+    table (read by doctor and the release finder) stays light."""
+    code = (
+        "import sys\n"
+        "from flatgather.sglang import releases\n"
+        "assert releases.RELEASES\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang')))\n"
+    )
+    out = run_python(["-c", code], None, tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"

@@ -19,7 +19,7 @@ from _sglang import (
     LogitsProcessor,
     lp,
 )
-from flatgather.sglang import probe, releases, spec_logprobs_check
+from flatgather.sglang import installer, probe, releases, spec_logprobs_check
 
 
 def current():
@@ -184,7 +184,7 @@ def test_a_changed_release_that_a_contract_fits_is_patched_with_that_contract(mo
 
 
 def test_a_release_outside_the_table_is_verified_by_the_probe_alone(monkeypatch):
-    monkeypatch.setattr(fs, "sglang_release", lambda: "0.5.99")
+    monkeypatch.setattr(installer, "sglang_release", lambda: "0.5.99")
     report = fs.install()
     assert report.release == "0.5.99" and report.verified_by == "probe"
     assert any("not in flatgather's test matrix" in note for note in report.notes)
@@ -194,7 +194,7 @@ def test_a_release_outside_the_table_is_verified_by_the_probe_alone(monkeypatch)
 def test_a_release_outside_the_table_prunes_aux_lazily_only_where_the_probe_verified_it(
     monkeypatch, verified
 ):
-    monkeypatch.setattr(fs, "sglang_release", lambda: "0.5.99")
+    monkeypatch.setattr(installer, "sglang_release", lambda: "0.5.99")
     if not verified:
         # A forward whose aux flow the probe cannot read off its bytecode.
         @functools.wraps(STOCK_FORWARD)

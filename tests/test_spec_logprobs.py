@@ -26,7 +26,7 @@ from flatgather import PlanError
 from flatgather._core import SpecLogprobsPlan
 from flatgather.bench import spec_chain as sc
 from flatgather.bench.timing import aten_ops, host_syncs
-from flatgather.sglang import spec_logprobs, spec_logprobs_check
+from flatgather.sglang import installer, spec_logprobs, spec_logprobs_check
 from flatgather.sglang.spec_logprobs_check import difference
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -242,7 +242,7 @@ def _only(*stages: str) -> None:
     """install(), then put back the release's own object of every stage of
     the chain not named."""
     fs.install()
-    state = fs._state
+    state = installer._state
     keep = []
     for patch in state.patches:
         if _stage(patch) in (None, *stages):

@@ -17,6 +17,7 @@ import flatgather.sglang as fs
 import pytest
 from _forward import forward_metadata, make_processor, output_fields, release_outputs
 from _sglang import LogitsProcessor, assert_same, oracle_context
+from flatgather.sglang import installer
 from flatgather.sglang.patching import Prepared
 from test_forward import HIDDEN, VOCAB, make_tensors
 
@@ -134,7 +135,7 @@ def run_paused(forwards, pause, i=0):
 def test_uninstall_between_pruning_and_storing_waits_for_the_forward(forwards):
     before = dict(vars(LogitsProcessor))
     fs.install()
-    state = fs._state
+    state = installer._state
     pause = PauseAfterPruning(vars(LogitsProcessor)["_get_pruned_states"].__code__)
     forward_thread, result = run_paused(forwards, pause)
 
@@ -172,7 +173,7 @@ def test_uninstall_with_a_timeout_leaves_the_installation_whole(forwards):
 
 def test_a_timed_out_uninstall_leaves_the_gate_shut_for_another_that_waits(forwards):
     fs.install()
-    state = fs._state
+    state = installer._state
     pause = PauseAfterPruning(vars(LogitsProcessor)["_get_pruned_states"].__code__)
     forward_thread, result = run_paused(forwards, pause)
     uninstalled = {}
@@ -226,7 +227,9 @@ def test_a_forward_may_call_flatgather_while_uninstall_waits_for_it(
         monkeypatch.syspath_prepend(str(tmp_path))
         monkeypatch.delitem(sys.modules, name, raising=False)
         prepared = []
-        monkeypatch.setattr(fs, "DEFERRED", ((name, lambda m: prepared.append(m) or Prepared()),))
+        monkeypatch.setattr(
+            installer, "DEFERRED", ((name, lambda m: prepared.append(m) or Prepared()),)
+        )
 
         def action():
             importlib.import_module(name)
@@ -235,7 +238,7 @@ def test_a_forward_may_call_flatgather_while_uninstall_waits_for_it(
         action = getattr(fs, call)
     before = dict(vars(LogitsProcessor))
     fs.install()
-    state = fs._state
+    state = installer._state
     pause = PauseAfterPruning(
         vars(LogitsProcessor)["_get_pruned_states"].__code__, on_resume=lambda: _try(action)
     )

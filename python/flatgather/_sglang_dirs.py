@@ -117,7 +117,7 @@ def select(spec: str | None) -> str:
     """
     if spec is not None:
         activate(resolve(spec))
-        from flatgather.sglang.releases import sglang_release  # imports torch
+        from flatgather.sglang.releases import sglang_release
 
         version = sglang_release()
         looks_like_version = os.sep not in spec and not spec.startswith((".", "~"))

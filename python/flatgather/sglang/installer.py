@@ -1,11 +1,5 @@
-"""Put flatgather under an unmodified SGLang.
-
->>> from flatgather import sglang as fg_sglang
->>> report = fg_sglang.install()   # doctest: +SKIP
->>> report.release, report.verified_by   # doctest: +SKIP
-('0.5.23', 'probe and test matrix')
->>> fg_sglang.uninstall()           # doctest: +SKIP
-True
+"""What :mod:`flatgather.sglang` exports: ``install()``, ``uninstall()``
+and the report.
 
 ``install()`` reads top to bottom: the running release is probed
 (:mod:`flatgather.sglang.probe`: its own ``_get_pruned_states`` against
@@ -15,7 +9,9 @@ the contract the probe verified, and the V2 draft worker's prefill
 ``eagle_worker_v2`` is imported, after its own check, and so is the
 scheduler's ``process_batch_result_prefill``
 (:mod:`flatgather.sglang.prefill_result`) where it serves later requests
-another's input logprobs (SGLang issue #36938). The release table
+another's input logprobs (SGLang issue #36938), and the output-logprob chain
+(:mod:`flatgather.sglang.spec_logprobs_check`) as its modules are imported.
+The release table
 (:mod:`flatgather.sglang.releases`) only says whether the release is also
 covered by the test matrix. ``uninstall()`` puts the original objects back.
 """

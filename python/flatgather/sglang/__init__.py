@@ -1,0 +1,58 @@
+"""Put flatgather under an unmodified SGLang.
+
+>>> from flatgather import sglang as fg_sglang
+>>> report = fg_sglang.install()   # doctest: +SKIP
+>>> report.release, report.verified_by   # doctest: +SKIP
+('0.5.23', 'probe and test matrix')
+>>> fg_sglang.uninstall()           # doctest: +SKIP
+True
+
+The names below live in :mod:`flatgather.sglang.installer` and are loaded
+from it on first use, so that importing a light module of this package (the
+release table, :mod:`flatgather.sglang.releases`) imports neither torch nor
+SGLang.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flatgather.sglang.installer import (
+        SUPPORTED_RELEASES,
+        Contract,
+        InstallReport,
+        UnsupportedRelease,
+        install,
+        installed_report,
+        is_installed,
+        module_functions_as_shipped,
+        sglang_release,
+        uninstall,
+    )
+
+__all__ = [
+    "SUPPORTED_RELEASES",
+    "Contract",
+    "InstallReport",
+    "UnsupportedRelease",
+    "install",
+    "installed_report",
+    "is_installed",
+    "module_functions_as_shipped",
+    "sglang_release",
+    "uninstall",
+]
+
+
+def __getattr__(name: str) -> object:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("flatgather.sglang.installer"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
