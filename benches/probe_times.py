@@ -1,16 +1,18 @@
 """install() across the release table: python benches/probe_times.py [RUNS]
 
 For every release set up by .ci/setup (.sglang/<release>), a fresh child
-interpreter imports it (the logits processor, the draft worker and the
-scheduler's result processor), then runs ``flatgather.sglang.install()`` /
-``uninstall()`` RUNS times (default 7) and reports: the contract the probe
-found and whether it is the table's row, the probe cases compared, the probe
-time and the whole install() time (median and max of the runs; the first
-includes torch's warm-up), whether FULL capture gathers no aux row, the
+interpreter imports it (the logits processor, the draft worker, the
+scheduler's result processor and the output-logprob chain's modules), then
+runs ``flatgather.sglang.install()`` / ``uninstall()`` RUNS times (default
+7) and reports: the contract the probe found and whether it is the table's
+row, the probe cases compared, the probe time and the whole install() time
+(median and max of the runs; the first includes torch's warm-up), whether FULL capture gathers no aux row, the
 token-id logprob functions replaced (and how the release walks them), whether
-SGLang #36938 was found and fixed, and what the draft worker's rewrite
-applied and how long its ``prepare`` took (timed once, on the release's own
-method, before the installs, which apply the same patch).
+SGLang #36938 was found and fixed, what the draft worker's rewrite applied
+and how long its ``prepare`` took (timed once, on the release's own method,
+before the installs, which apply the same patch), and the output-logprob
+chain's stages: the modules whose helpers were replaced and the methods
+rebuilt (each verified at install).
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ CHILD = textwrap.dedent(
     import importlib, json, statistics, sys, time
     runs = int(sys.argv[1])
     import flatgather.sglang as fs
-    from flatgather.sglang import draft_prefill, prefill_result, releases
+    from flatgather.sglang import draft_prefill, installer, prefill_result, releases
+    from flatgather.sglang import spec_logprobs, spec_logprobs_check as chain
     from flatgather.sglang.standins import install_sgl_kernel_stand_in
     import sglang.srt.layers.logits_processor  # noqa: F401  (imported before timing)
     install_sgl_kernel_stand_in()
     import sglang.srt.speculative.eagle_worker_v2 as worker
-    for name in prefill_result.MODULES:
+    for name in (*prefill_result.MODULES, *chain.PRODUCER_MODULES, *chain.CONSUMER_CLASSES):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -49,7 +52,16 @@ CHILD = textwrap.dedent(
         report = fs.install()  # the modules are imported: every patch applies now
         installs.append(time.perf_counter() - started)
         seconds.append(report.probe_seconds)
-    token_ids = [p for p in fs._state.patches if p.name.startswith("get_token_ids_logprobs")]
+    patches = installer._state.patches
+    token_ids = [p for p in patches if p.name.startswith("get_token_ids_logprobs")]
+    producers = sorted({
+        p.target.__name__.rsplit(".", 1)[-1] for p in patches
+        if p.name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS)
+    })
+    consumers = [
+        p.where.rsplit(".", 2)[-2] + "." + p.name for p in patches
+        if getattr(p.new, "__flatgather__", None) == chain.CONSUMERS
+    ]
     row = releases.by_version(report.release)
     c = report.contract
     print(json.dumps({
@@ -64,7 +76,9 @@ CHILD = textwrap.dedent(
             for p in token_ids
         ],
         "skip_fix": prefill_result.FIX in report.backports,
-        "cases": fs._state.verdict.cases,
+        "cases": installer._state.verdict.cases,
+        "chain_producers": producers,
+        "chain_consumers": consumers,
         "probe_ms_median": statistics.median(seconds[1:] or seconds) * 1e3,
         "probe_ms_max": max(seconds) * 1e3,
         "install_ms_median": statistics.median(installs[1:] or installs) * 1e3,
@@ -85,13 +99,14 @@ def main() -> int:
 
     print(
         "| SGLang | table row true | lazy aux (FULL) | cases | probe ms (median / max) "
-        "| install ms | token-id functions | #36938 | draft rewrite | prepare ms | backports |"
+        "| install ms | token-id functions | #36938 | draft rewrite | prepare ms | backports "
+        "| output-logprob helpers replaced in | chain methods rebuilt |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in releases.RELEASES:
         site = ROOT / ".sglang" / row.version
         if not (site / ".complete").is_file():
-            print(f"| {row.version} | not set up (.ci/setup) |" + " |" * 10)
+            print(f"| {row.version} | not set up (.ci/setup) |" + " |" * 12)
             continue
         env = {**os.environ, "PYTHONPATH": str(site)}
         env.pop("FLATGATHER_SGLANG", None)
@@ -104,7 +119,7 @@ def main() -> int:
             timeout=600,
         )
         if out.returncode != 0:
-            print(f"| {row.version} | FAILED: {out.stderr.strip().splitlines()[-1]} |" + " |" * 10)
+            print(f"| {row.version} | FAILED: {out.stderr.strip().splitlines()[-1]} |" + " |" * 12)
             continue
         r = json.loads(out.stdout.strip().splitlines()[-1])
         draft = ", ".join(r["draft_applied"]) or "; ".join(r["draft_notes"]) or "none"
@@ -117,7 +132,9 @@ def main() -> int:
             f"| {r['probe_ms_median']:.1f} / {r['probe_ms_max']:.1f} "
             f"| {r['install_ms_median']:.0f} | {', '.join(r['token_ids']) or 'none'} "
             f"| {'present, fixed' if r['skip_fix'] else 'not fixed here'} | {draft} "
-            f"| {r['draft_prepare_ms']:.0f} | {', '.join(r['backports']) or 'none'} |",
+            f"| {r['draft_prepare_ms']:.0f} | {', '.join(r['backports']) or 'none'} "
+            f"| {', '.join(r['chain_producers']) or 'none'} "
+            f"| {', '.join(r['chain_consumers']) or 'none'} |",
             flush=True,
         )
     return 0
