@@ -4,15 +4,20 @@ For every release set up by .ci/setup (.sglang/<release>), a fresh child
 interpreter imports it (the logits processor, the draft worker, the
 scheduler's result processor and the output-logprob chain's modules), then
 runs ``flatgather.sglang.install()`` / ``uninstall()`` RUNS times (default
-7) and reports: the contract the probe found and whether it is the table's
-row, the probe cases compared, the probe time and the whole install() time
-(median and max of the runs; the first includes torch's warm-up), whether
-FULL capture gathers no aux row, the token-id logprob functions replaced (and
-how the release walks them), whether SGLang #36938 was found and fixed, what the draft worker's rewrite applied
-and how long its ``prepare`` took (timed once, on the release's own method,
-before the installs, which apply the same patch), and the output-logprob
-chain's stages: the modules whose helpers were replaced and the methods
-rebuilt (each verified at install).
+7) and reports:
+
+- the contract the probe found, whether it is the table's row, the probe
+  cases compared;
+- the probe time and the whole install() time (median and max of the runs;
+  the first includes torch's warm-up);
+- whether FULL capture gathers no aux row;
+- the token-id logprob functions replaced (and how the release walks them);
+- whether SGLang #36938 was found and fixed;
+- what the draft worker's rewrite applied and how long its ``prepare`` took
+  (timed once, on the release's own method, before the installs, which apply
+  the same patch);
+- the output-logprob chain's stages: the modules whose helpers were replaced
+  and the methods rebuilt (each verified at install).
 """
 
 from __future__ import annotations
