@@ -58,10 +58,14 @@ CHILD = textwrap.dedent(
         installs.append(time.perf_counter() - started)
         seconds.append(report.probe_seconds)
     patches = installer._state.patches
-    token_ids = [p for p in patches if p.name.startswith("get_token_ids_logprobs")]
+    chain_names = (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS)
+    token_ids = [
+        p for p in patches
+        if p.name.startswith("get_token_ids_logprobs") and p.name not in chain_names
+    ]
     producers = sorted({
         p.target.__name__.rsplit(".", 1)[-1] for p in patches
-        if p.name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS)
+        if p.name in chain_names
     })
     consumers = [
         p.where.rsplit(".", 2)[-2] + "." + p.name for p in patches

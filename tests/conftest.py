@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 
 import flatgather.sglang
 import pytest
@@ -63,6 +64,25 @@ def pytest_collection_modifyitems(config, items):
 
 
 _STOCK: dict = {}
+_MARKS = ("__flatgather__", "__flatgather_build__")
+
+
+def _flatgather_functions_left() -> list[str]:
+    """flatgather's functions still reachable in the SGLang modules imported
+    so far: module-level ones (the logprob helpers it replaces in module
+    globals) and methods of the modules' own classes (the rewritten ones)."""
+    left = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("sglang.") or not isinstance(module, types.ModuleType):
+            continue
+        for attr, value in list(vars(module).items()):
+            places = [(attr, value)]
+            if isinstance(value, type) and value.__module__ == name:
+                places += [(f"{attr}.{a}", v) for a, v in list(vars(value).items())]
+            for where, fn in places:
+                if isinstance(fn, types.FunctionType) and any(m in fn.__dict__ for m in _MARKS):
+                    left.append(f"{name}.{where}")
+    return left
 
 
 @pytest.fixture(autouse=True)
@@ -92,3 +112,5 @@ def _uninstalled(monkeypatch):
             else set()
         )
         assert not leaked, f"the test left LogitsProcessor changed: {sorted(leaked)}"
+    left = _flatgather_functions_left()
+    assert not left, f"uninstalled, but flatgather's functions are still in SGLang: {left}"

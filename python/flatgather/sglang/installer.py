@@ -378,17 +378,20 @@ def module_functions_as_shipped() -> Iterator[None]:
     (the token-id input logprobs) are the release's own again, so that the
     release's code can be run beside flatgather's in one process: the
     bench's **stock** side, the tests' oracle. Not for serving: every thread
-    sees the swap."""
+    sees the swap. It holds the install lock throughout, so that no
+    ``install()`` or ``uninstall()`` in another thread interleaves with the
+    swap and the swap back (either would leave the other's functions in
+    place)."""
     with _lock:
         state = _state
         patches = [] if state is None else [p for p in state.patches if _is_module(p.target)]
-    for patch in patches:
-        setattr(patch.target, patch.name, patch.original)
-    try:
-        yield
-    finally:
-        for patch in reversed(patches):
-            setattr(patch.target, patch.name, patch.new)
+        for patch in patches:
+            setattr(patch.target, patch.name, patch.original)
+        try:
+            yield
+        finally:
+            for patch in reversed(patches):
+                setattr(patch.target, patch.name, patch.new)
 
 
 def _is_module(target) -> bool:
