@@ -26,7 +26,7 @@ import torch
 from _sglang import DRAFT_NO_LOGPROB, ROW
 from flatgather.bench import draft_harness
 from flatgather.bench.draft_harness import make_inputs
-from flatgather.sglang import draft_prefill
+from flatgather.sglang import draft_match, draft_prefill
 from flatgather.sglang.releases import IN_PLACE, NEW_TENSOR_MM
 from flatgather.sglang.standins import install_sgl_kernel_stand_in
 from hypothesis import given, settings
@@ -522,7 +522,7 @@ def test_prepare_never_raises():
     assert draft_prefill.prepare(broken).notes == (
         f"{draft_prefill.MODULE} has no class EagleDraftWorker: nothing patched there",
     )
-    with mock.patch.object(draft_prefill, "_find_loop", side_effect=RuntimeError("boom")):
+    with mock.patch.object(draft_match, "find_loop", side_effect=RuntimeError("boom")):
         result = draft_prefill.prepare(worker)
     assert result.patches == []
     assert result.notes == (f"{draft_prefill.WHERE} left stock: RuntimeError: boom",)
