@@ -14,11 +14,8 @@ Where the check sits in the patch is told in
 """
 
 from __future__ import annotations
-import __future__
 
 import ast
-import functools
-import operator
 import types
 
 import torch
@@ -45,13 +42,6 @@ _NEXT_PROMPT_TOKEN = 977
 _DTYPES = ((torch.int64, torch.int64), (torch.int64, torch.int32), (torch.int32, torch.int64))
 
 
-_FACTORY = "flatgather_block_factory"
-_FUTURE_FLAGS = functools.reduce(
-    operator.or_, (getattr(__future__, f).compiler_flag for f in __future__.all_feature_names)
-)
-_TYPE_PARAMS = {"type_params": []} if "type_params" in ast.FunctionDef._fields else {}
-
-
 class _ProbeBatch(types.SimpleNamespace):
     """What the block reads of a batch (``ScheduleBatch`` or
     ``ModelWorkerBatch``), under both names the releases give the lengths."""
@@ -74,12 +64,12 @@ def _block_function(method: source.Method, body: list[ast.stmt], closure: dict):
     """``body`` (the method's first statements) compiled as a function of the
     method's parameters that returns its locals, with the module's globals.
 
-    As :func:`flatgather.sglang.source.build_method` compiles, minus what only
-    the bytecode comparison needs (the module's imports) and minus the
+    As :func:`flatgather.sglang.source.build_method` compiles (both by
+    :func:`~flatgather.sglang.source.compile_def`), minus what only the
+    bytecode comparison needs (the module's imports) and minus the
     parameters' annotations and defaults (every argument is passed): a
     fraction of the cost, the same behaviour.
     """
-    owner = method.owner.__name__
     params = [ast.arg(a.arg) for a in (*method.tree.args.posonlyargs, *method.tree.args.args)]
     block = ast.FunctionDef(
         name=method.name,
@@ -87,39 +77,8 @@ def _block_function(method: source.Method, body: list[ast.stmt], closure: dict):
         # Shared, not copied: compiling leaves a tree as it is.
         body=[*body, ast.Return(ast.Call(ast.Name("locals", ast.Load()), [], []))],
         decorator_list=[],
-        **_TYPE_PARAMS,
     )
-    # Inside a class of the method's own name, as the method is: the same
-    # name mangling of private names.
-    cls = ast.ClassDef(
-        name=owner, bases=[], keywords=[], body=[block], decorator_list=[], **_TYPE_PARAMS
-    )
-    lookup = ast.Subscript(
-        ast.Call(ast.Name("vars", ast.Load()), [ast.Name(owner, ast.Load())], []),
-        ast.Constant(method.name),
-        ast.Load(),
-    )
-    factory = ast.FunctionDef(
-        name=_FACTORY,
-        args=ast.arguments(
-            posonlyargs=[],
-            args=[ast.arg(n) for n in closure],
-            kwonlyargs=[],
-            kw_defaults=[],
-            defaults=[],
-        ),
-        body=[cls, ast.Return(lookup)],
-        decorator_list=[],
-        **_TYPE_PARAMS,
-    )
-    module = ast.fix_missing_locations(
-        ast.Module([ast.copy_location(factory, method.tree)], type_ignores=[])
-    )
-    function = method.function
-    flags = function.__code__.co_flags & _FUTURE_FLAGS
-    code = compile(module, function.__code__.co_filename, "exec", flags=flags, dont_inherit=True)
-    make = next(c for c in code.co_consts if getattr(c, "co_name", None) == _FACTORY)
-    return types.FunctionType(make, function.__globals__)(*closure.values())
+    return source.compile_def(method, ast.copy_location(block, method.tree), closure)
 
 
 def blocks(method: source.Method, rewritten: ast.FunctionDef, k: int, branch, closure: dict):
