@@ -13,6 +13,7 @@ absolute path); prints medians per call and the ratios, per batch size.
 from __future__ import annotations
 
 import copy
+import importlib
 import statistics
 import sys
 import time
@@ -30,9 +31,9 @@ def main() -> int:
 
     install_sgl_kernel_stand_in()
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative import eagle_worker_v2 as worker
 
-    method = source.parse_method(worker.EagleDraftWorker, dp.METHOD)
+    worker = importlib.import_module(dp.MODULE)
+    method = source.parse_method(getattr(worker, dp.OWNER), dp.METHOD)
     tree = copy.deepcopy(method.tree)
     loop = draft_match.find_loop(method, tree)
     k = draft_match.top_index(tree, loop.node)

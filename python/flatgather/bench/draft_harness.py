@@ -31,9 +31,10 @@ from unittest import mock
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from flatgather.sglang.draft_prefill import METHOD, OWNER
+
 __all__ = ["DraftInputs", "Driver", "Seen", "count_ops", "harness", "make_inputs", "run"]
 
-METHOD = "_draft_extend_for_prefill"
 HIDDEN = 4
 
 
@@ -193,7 +194,7 @@ class Driver:
         return fb
 
     def _call(self, inputs: DraftInputs, method, counter: count_ops | None):
-        fn = method if method is not None else getattr(self.module.EagleDraftWorker, METHOD)
+        fn = method if method is not None else getattr(getattr(self.module, OWNER), METHOD)
         batch = _batch(inputs)
         tails = inputs.next_token_ids.clone()
         mm = None if inputs.mm_input_embeds is None else inputs.mm_input_embeds.clone()

@@ -101,6 +101,7 @@ __all__ = [
     "MODULE",
     "OWNER",
     "ROTATION",
+    "WHERE",
     "DraftPatch",
     "prepare",
     "rotate",
