@@ -26,12 +26,12 @@ import contextlib
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from flatgather.sglang.draft_prefill import METHOD, OWNER
+from flatgather.sglang.patching import Patch
 
 __all__ = ["DraftInputs", "Driver", "Seen", "count_ops", "harness", "make_inputs", "run"]
 
@@ -242,10 +242,15 @@ class Driver:
 @contextlib.contextmanager
 def harness(module) -> Iterator[Driver]:
     """``module.ForwardBatch.init_new`` (the release's own class) replaced
-    for the extent of the block."""
+    for the extent of the block, and the very attribute that was there put
+    back after it (a :class:`~flatgather.sglang.patching.Patch`)."""
     driver = Driver(module)
-    with mock.patch.object(module.ForwardBatch, "init_new", classmethod(driver._init_new)):
+    init_new = Patch(module.ForwardBatch, "init_new", classmethod(driver._init_new))
+    init_new.apply()
+    try:
         yield driver
+    finally:
+        init_new.revert()
 
 
 def run(module, inputs: DraftInputs, method=None, count: bool = False) -> Seen:
