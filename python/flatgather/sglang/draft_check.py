@@ -91,6 +91,8 @@ def blocks(method: source.Method, rewritten: ast.FunctionDef, k: int, branch, cl
 
 
 def probe_inputs(lens, chunked, pad, mode, with_mm, dtypes, seed):
+    """A probe case's batch, tails and ``mm_input_embeds`` (or None), and the
+    input objects by the names the check reports them under."""
     gen = torch.Generator().manual_seed(seed)
     rows = sum(lens) + pad
     reqs = [object() for _ in lens]

@@ -195,7 +195,7 @@ def top_index(tree: ast.FunctionDef, target: ast.AST) -> int:
     return next(i for i, stmt in enumerate(tree.body) if _contains(stmt, target))
 
 
-# --- the one loop of the method ------------------------------------------------------------
+# --- the one loop of the method --------------------------------------------------------------
 
 
 def find_loop(method: source.Method, tree: ast.FunctionDef) -> Loop | str:
