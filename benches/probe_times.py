@@ -41,7 +41,7 @@ CHILD = textwrap.dedent(
     from flatgather.sglang.standins import install_sgl_kernel_stand_in
     import sglang.srt.layers.logits_processor  # noqa: F401  (imported before timing)
     install_sgl_kernel_stand_in()
-    import sglang.srt.speculative.eagle_worker_v2 as worker
+    worker = importlib.import_module(draft_prefill.MODULE)
     for name in (*prefill_result.MODULES, *chain.PRODUCER_MODULES, *chain.CONSUMER_CLASSES):
         try:
             importlib.import_module(name)

@@ -13,6 +13,7 @@ absolute path); prints medians per call and the ratios, per batch size.
 from __future__ import annotations
 
 import copy
+import importlib
 import statistics
 import sys
 import time
@@ -24,22 +25,24 @@ def main() -> int:
 
     torch.set_num_threads(1)
     import sglang.srt.layers.logits_processor  # noqa: F401  (before the stand-in)
+    from flatgather.sglang import draft_check, draft_match, draft_rewrite, source
     from flatgather.sglang import draft_prefill as dp
-    from flatgather.sglang import source
     from flatgather.sglang.standins import install_sgl_kernel_stand_in
 
     install_sgl_kernel_stand_in()
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative import eagle_worker_v2 as worker
 
-    method = source.parse_method(worker.EagleDraftWorker, dp.METHOD)
+    worker = importlib.import_module(dp.MODULE)
+    method = source.parse_method(getattr(worker, dp.OWNER), dp.METHOD)
     tree = copy.deepcopy(method.tree)
-    loop = dp._find_loop(method, tree)
-    k = dp._top_index(tree, loop.node)
-    names = dp._Names("flatgather_rotate", "flatgather_takes", "flatgather_lens", "flatgather_end")
-    branch = dp._replace_loop(tree, loop, names)
+    loop = draft_match.find_loop(method, tree)
+    k = draft_match.top_index(tree, loop.node)
+    names = draft_rewrite.Names(
+        "flatgather_rotate", "flatgather_takes", "flatgather_lens", "flatgather_end"
+    )
+    branch = draft_rewrite.replace_loop(tree, loop, names)
     closure = {names.rotate: dp.rotate, names.takes: dp.takes}
-    stock, ours = dp._blocks(method, tree, k, branch, closure)
+    stock, ours = draft_check.blocks(method, tree, k, branch, closure)
     params = [a.arg for a in (*method.tree.args.posonlyargs, *method.tree.args.args)]
     from flatgather.sglang.releases import sglang_release
 
@@ -52,7 +55,7 @@ def main() -> int:
         order = [("stock", stock), ("fg", ours), ("tails", None)]
         for r in range(rounds):
             for name, fn in order[r % 3 :] + order[: r % 3]:
-                batch, tails, _, _ = dp._probe_inputs(
+                batch, tails, _, _ = draft_check.probe_inputs(
                     lens, None, 0, ForwardMode.EXTEND, False, (torch.int64, torch.int64), r
                 )
                 args = dict.fromkeys(params)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import dis
+import importlib
 import importlib.util
 import os
 import subprocess
@@ -26,24 +27,24 @@ import torch
 from _sglang import DRAFT_NO_LOGPROB, ROW
 from flatgather.bench import draft_harness
 from flatgather.bench.draft_harness import make_inputs
-from flatgather.sglang import draft_prefill
+from flatgather.sglang import draft_match, draft_prefill
 from flatgather.sglang.releases import IN_PLACE, NEW_TENSOR_MM
 from flatgather.sglang.standins import install_sgl_kernel_stand_in
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 install_sgl_kernel_stand_in()
-from sglang.srt.speculative import eagle_worker_v2 as worker  # noqa: E402
+worker = importlib.import_module(draft_prefill.MODULE)
 
-METHOD = draft_prefill.METHOD
-WHERE = f"{draft_prefill.MODULE}.{draft_prefill.OWNER}.{METHOD}"
+OWNER, METHOD = draft_prefill.OWNER, draft_prefill.METHOD
+WHERE = f"{draft_prefill.MODULE}.{OWNER}.{METHOD}"
 # The release's own method, taken before any test can patch it.
-STOCK = vars(worker.EagleDraftWorker)[METHOD]
+STOCK = vars(getattr(worker, OWNER))[METHOD]
 ROTATES_MM = ROW.rotation == NEW_TENSOR_MM
 
 
 def current():
-    return vars(worker.EagleDraftWorker)[METHOD]
+    return vars(getattr(worker, OWNER))[METHOD]
 
 
 def outcome(inputs, method=None, count=False):
@@ -405,7 +406,7 @@ def _unchanged(method: ast.FunctionDef) -> None:
 
 
 def module_with(edit, tmp_path: Path):
-    """A module whose ``EagleDraftWorker`` holds the release's method, its
+    """A module whose ``OWNER`` class holds the release's method, its
     syntax tree edited by ``edit``, importing what the release's module
     imports: a source file of its own, as ``parse_method`` needs."""
     path = Path(worker.__file__)
@@ -415,7 +416,7 @@ def module_with(edit, tmp_path: Path):
         for stmt in tree.body
         if any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(stmt))
     ]
-    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EagleDraftWorker"]
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == OWNER]
     (method,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == METHOD]
     edit(method)
     cls.body, cls.bases, cls.keywords = [method], [], []
@@ -450,7 +451,7 @@ def test_a_faithful_copy_of_the_method_is_rewritten(tmp_path):
 )
 def test_a_loop_not_in_the_expected_shape_is_left_stock(edit, why, tmp_path):
     module = module_with(edit, tmp_path)
-    original = vars(module.EagleDraftWorker)[METHOD]
+    original = vars(getattr(module, OWNER))[METHOD]
     result = draft_prefill.prepare(module)
     assert draft_prefill.ROTATION not in result.applied
     (note,) = [n for n in result.notes if "rotation loop left stock" in n]
@@ -459,7 +460,7 @@ def test_a_loop_not_in_the_expected_shape_is_left_stock(edit, why, tmp_path):
     assert (draft_prefill.BACKPORT in result.applied) == (not DRAFT_NO_LOGPROB)
     for patch in result.patches:
         assert not rotation_in(patch.new)
-    assert vars(module.EagleDraftWorker)[METHOD] is original  # prepare patches nothing
+    assert vars(getattr(module, OWNER))[METHOD] is original  # prepare patches nothing
 
 
 @pytest.mark.matrix
@@ -470,7 +471,7 @@ def test_a_source_file_edited_after_import_is_left_stock(tmp_path):
     path = Path(module.__file__)
     tree = ast.parse(path.read_text())
     # The last class of the name is the one the module binds.
-    cls = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EagleDraftWorker"][-1]
+    cls = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == OWNER][-1]
     _change_a_constant(cls.body[0])
     path.write_text(ast.unparse(tree) + "\n# edited after import\n")
     result = draft_prefill.prepare(module)
@@ -520,9 +521,9 @@ def test_a_gather_that_differs_from_the_release_is_caught_before_patching():
 def test_prepare_never_raises():
     broken = type(worker)("flatgather_test_broken")
     assert draft_prefill.prepare(broken).notes == (
-        f"{draft_prefill.MODULE} has no class EagleDraftWorker: nothing patched there",
+        f"{draft_prefill.MODULE} has no class {OWNER}: nothing patched there",
     )
-    with mock.patch.object(draft_prefill, "_find_loop", side_effect=RuntimeError("boom")):
+    with mock.patch.object(draft_match, "find_loop", side_effect=RuntimeError("boom")):
         result = draft_prefill.prepare(worker)
     assert result.patches == []
     assert result.notes == (f"{draft_prefill.WHERE} left stock: RuntimeError: boom",)
@@ -562,6 +563,7 @@ def test_patched_when_the_worker_module_is_imported_after_install():
     rewrite lands the moment something imports it."""
     code = textwrap.dedent(
         f"""
+        import importlib
         import sys
         import flatgather.sglang as fs
         from flatgather.bench import draft_harness as h
@@ -572,7 +574,7 @@ def test_patched_when_the_worker_module_is_imported_after_install():
         assert name not in sys.modules, "install() imported the worker module"
         assert name in report.pending, report
         install_sgl_kernel_stand_in()
-        import sglang.srt.speculative.eagle_worker_v2 as w
+        w = importlib.import_module(name)
         report = fs.installed_report()
         assert name not in report.pending and {WHERE!r} in report.patched, report
         seen = h.run(w, h.make_inputs([2, 3, 1]), count=True)

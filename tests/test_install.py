@@ -19,7 +19,7 @@ from _sglang import (
     LogitsProcessor,
     lp,
 )
-from flatgather.sglang import installer, probe, releases, spec_logprobs_check
+from flatgather.sglang import draft_prefill, installer, probe, releases, spec_logprobs_check
 
 
 def current():
@@ -73,7 +73,7 @@ def test_install_reports_what_it_verified_and_applied():
         *spec_logprobs_check.CONSUMER_CLASSES.values(),
     )
     assert all(
-        where.endswith(("._draft_extend_for_prefill", ".process_batch_result_prefill"))
+        where.endswith((f".{draft_prefill.METHOD}", ".process_batch_result_prefill"))
         or any(name in where for name in chain)
         for where in set(report.patched) - ours
     ), report.patched

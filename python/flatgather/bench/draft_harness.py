@@ -26,14 +26,15 @@ import contextlib
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from flatgather.sglang.draft_prefill import METHOD, OWNER
+from flatgather.sglang.patching import Patch
+
 __all__ = ["DraftInputs", "Driver", "Seen", "count_ops", "harness", "make_inputs", "run"]
 
-METHOD = "_draft_extend_for_prefill"
 HIDDEN = 4
 
 
@@ -193,7 +194,7 @@ class Driver:
         return fb
 
     def _call(self, inputs: DraftInputs, method, counter: count_ops | None):
-        fn = method if method is not None else getattr(self.module.EagleDraftWorker, METHOD)
+        fn = method if method is not None else getattr(getattr(self.module, OWNER), METHOD)
         batch = _batch(inputs)
         tails = inputs.next_token_ids.clone()
         mm = None if inputs.mm_input_embeds is None else inputs.mm_input_embeds.clone()
@@ -241,10 +242,15 @@ class Driver:
 @contextlib.contextmanager
 def harness(module) -> Iterator[Driver]:
     """``module.ForwardBatch.init_new`` (the release's own class) replaced
-    for the extent of the block."""
+    for the extent of the block, and the very attribute that was there put
+    back after it (a :class:`~flatgather.sglang.patching.Patch`)."""
     driver = Driver(module)
-    with mock.patch.object(module.ForwardBatch, "init_new", classmethod(driver._init_new)):
+    init_new = Patch(module.ForwardBatch, "init_new", classmethod(driver._init_new))
+    init_new.apply()
+    try:
         yield driver
+    finally:
+        init_new.revert()
 
 
 def run(module, inputs: DraftInputs, method=None, count: bool = False) -> Seen:

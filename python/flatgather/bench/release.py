@@ -10,14 +10,10 @@ import sys
 
 import torch
 
-from flatgather.sglang import input_logprobs_check
+from flatgather.sglang import draft_prefill, input_logprobs_check
 from flatgather.sglang.input_logprobs import CHUNK, PREFILL
 from flatgather.sglang.standins import install_sgl_kernel_stand_in
 from flatgather.sglang.unpinned import first_run, within
-
-DRAFT_MODULE = "sglang.srt.speculative.eagle_worker_v2"
-DRAFT_OWNER = "EagleDraftWorker"
-DRAFT_METHOD = "_draft_extend_for_prefill"
 
 
 class SGLang:
@@ -60,7 +56,8 @@ class SGLang:
         self.fg_pruned = after["_get_pruned_states"]
         if self.draft_module is not None:
             # install() patched the worker at once: it was imported already.
-            self.draft_fg = vars(getattr(self.draft_module, DRAFT_OWNER))[DRAFT_METHOD]
+            owner = getattr(self.draft_module, draft_prefill.OWNER)
+            self.draft_fg = vars(owner)[draft_prefill.METHOD]
         self.contract = self.report.contract
         self._stock_pruned = self.stock["_get_pruned_states"]
         self._notes: list[str] = []
@@ -93,17 +90,18 @@ class SGLang:
                 "No `sgl_kernel` here: the draft worker was imported with a stand-in whose "
                 "functions refuse to run (none runs before the draft forward)."
             )
+        name, method = draft_prefill.MODULE, draft_prefill.METHOD
         try:
-            module = importlib.import_module(DRAFT_MODULE)
+            module = importlib.import_module(name)
         except Exception as exc:
-            self.draft_problem = f"{DRAFT_MODULE} does not import here: {type(exc).__name__}: {exc}"
+            self.draft_problem = f"{name} does not import here: {type(exc).__name__}: {exc}"
             return
-        owner = getattr(module, DRAFT_OWNER, None)
-        if not isinstance(owner, type) or DRAFT_METHOD not in vars(owner):
-            self.draft_problem = f"{DRAFT_MODULE} has no {DRAFT_OWNER}.{DRAFT_METHOD}"
+        owner = getattr(module, draft_prefill.OWNER, None)
+        if not isinstance(owner, type) or method not in vars(owner):
+            self.draft_problem = f"{name} has no {draft_prefill.WHERE}"
             return
         self.draft_module = module
-        self.draft_stock = vars(owner)[DRAFT_METHOD]
+        self.draft_stock = vars(owner)[method]
 
     def metadata(self, extend: list[int], start: list[int]):
         return self.lp.LogitsMetadata(

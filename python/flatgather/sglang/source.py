@@ -11,7 +11,11 @@ compiled build all fail that check, and the caller leaves the method stock.
 
 :func:`build_method` compiles a rewritten ``def`` into a function that shares
 the original's globals, defaults and names, and whose line numbers are the
-release's, so tracebacks point into the release's file.
+release's, so tracebacks point into the release's file. It compiles with
+:func:`compile_def`, the one place a rewritten ``def`` is compiled in the
+release's context (its class, its file, its ``__future__`` flags), which the
+draft worker's check (:mod:`flatgather.sglang.draft_check`) uses for the
+blocks it runs side by side.
 """
 
 from __future__ import annotations
@@ -21,10 +25,17 @@ import ast
 import functools
 import linecache
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Method", "SourceMismatch", "build_method", "module_tree", "parse_method"]
+__all__ = [
+    "Method",
+    "SourceMismatch",
+    "build_method",
+    "compile_def",
+    "module_tree",
+    "parse_method",
+]
 
 _FUTURE_MASK = 0
 for _name in __future__.all_feature_names:
@@ -182,15 +193,20 @@ def parse_method(owner: type, name: str, decorated: bool = False) -> Method:
     return Method(owner, name, function, tree, filename, imports)
 
 
-def build_method(
-    method: Method, tree: ast.FunctionDef, closure: Mapping[str, object]
-) -> types.FunctionType:
-    """Compile ``tree`` (a rewritten copy of ``method.tree``) into a function
-    that reads ``closure``'s names as free variables and the module's globals
-    as the original does. Nothing is added to the module's namespace. The
-    tree's decorators are applied as the class body applies them (evaluated
-    in the module's globals); the function under them gets the original's
-    defaults and names."""
+def compile_def(
+    method: Method,
+    tree: ast.FunctionDef,
+    closure: Mapping[str, object],
+    imports: Sequence[ast.stmt] = (),
+):
+    """Compile ``tree``, a ``def`` named as ``method``, where the release
+    compiled ``method``: inside a class of the owner's name (the same
+    mangling of private names), after ``imports``, in the method's file with
+    its module's ``__future__`` flags. The function reads ``closure``'s names
+    as free variables and the module's globals as the original does; nothing
+    is added to the module's namespace. Returns what the class body binds to
+    the name: the function, or what the tree's decorators (evaluated in the
+    module's globals) made of it."""
     params = ast.arguments(
         posonlyargs=[],
         args=[ast.arg(arg=n) for n in closure],
@@ -222,11 +238,23 @@ def build_method(
         type_params=[],
     )
     ast.copy_location(factory, tree)
-    module = ast.fix_missing_locations(ast.Module(body=[*method.imports, factory], type_ignores=[]))
+    module = ast.fix_missing_locations(ast.Module(body=[*imports, factory], type_ignores=[]))
     code = _find_code(_compile(module, method.function), _FACTORY)
     assert code is not None
     make = types.FunctionType(code, method.function.__globals__, _FACTORY)
-    built = make(*closure.values())
+    return make(*closure.values())
+
+
+def build_method(
+    method: Method, tree: ast.FunctionDef, closure: Mapping[str, object]
+) -> types.FunctionType:
+    """Compile ``tree`` (a rewritten copy of ``method.tree``) with
+    :func:`compile_def`, after the module's imports (as :func:`parse_method`
+    compiles, so that the bytecode is the release's), into a function that
+    reads ``closure``'s names as free variables. The tree's decorators are
+    applied as the class body applies them; the function under them gets the
+    original's defaults and names."""
+    built = compile_def(method, tree, closure, method.imports)
     outer = built
     if tree.decorator_list:
         built = getattr(outer, "__wrapped__", None)
