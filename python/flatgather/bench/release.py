@@ -69,9 +69,9 @@ class SGLang:
         _, self._no_pin = first_run(first)
         if self._no_pin is not None:
             self._notes.append(
-                "This release pins memory unconditionally and this host has no CUDA: SGLang's "
-                "own code ran under a TorchFunctionMode that turns pinning off, which adds to "
-                "**stock**'s time."
+                "This release pins memory unconditionally and this host has no CUDA: both "
+                "sides ran under a TorchFunctionMode that turns pinning off, which adds to "
+                "the time of each torch call (more to **stock**'s, which makes more calls)."
             )
         if not self.contract.prunes_aux:
             self._notes.append(
@@ -116,7 +116,15 @@ class SGLang:
             return self._stock_pruned(None, hidden, before_norm, aux, md)
 
     def fg_pruned_states(self, hidden, before_norm, aux, md):
-        return self.fg_pruned(None, hidden, before_norm, aux, md)
+        return self.run_fg(lambda: self.fg_pruned(None, hidden, before_norm, aux, md))
+
+    def run_fg(self, fn):
+        """``fn()`` with flatgather installed, under the same pinning
+        stand-in as the stock side where the release needs one: where
+        flatgather hands a batch to the release's own code (one request),
+        that code pins unconditionally on some releases."""
+        with within(self._no_pin):
+            return fn()
 
     def run_stock(self, fn):
         """``fn()`` as the release runs it: the module-level functions
