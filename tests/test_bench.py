@@ -187,12 +187,12 @@ def test_sglang_flag_finds_the_release_from_anywhere(tmp_path):
 
 @pytest.fixture
 def tiny(monkeypatch):
-    from flatgather.bench import forward, host_cost, logprobs, pruned_states
+    from flatgather.bench import forward, host_cost, logprobs, prune_section
 
     monkeypatch.setitem(
         sections.TIMINGS, "quick", sections.Timing(samples=3, warmup_s=0.001, sample_s=0.0005)
     )
-    for module, hidden in ((pruned_states, 16), (host_cost, 0)):
+    for module, hidden in ((prune_section, 16), (host_cost, 0)):
         monkeypatch.setitem(
             module.GRIDS,
             "quick",

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 
 from flatgather.bench.cases import Grid, Shape, make_inputs, make_numpy_anchor, numpy_indices
-from flatgather.bench.pruned_states import _speedups, calls, check
+from flatgather.bench.prune_section import _speedups, calls, check
 from flatgather.bench.sections import SECTIONS, TIMINGS, Case, Planned
 from flatgather.bench.stats import measure_side_by_side
 from flatgather.bench.timing import Context

@@ -116,7 +116,7 @@ SECTIONS: dict[str, Section] = {
                 "Batches are serving-like: extend lengths uniform around the mean prompt, a "
                 "quarter chunked-prefill chunks, a quarter scored from their first token."
             ),
-            module="flatgather.bench.pruned_states",
+            module="flatgather.bench.prune_section",
             variants={"stock": "stock", "flatgather": "fg", "numpy": "numpy", "memcpy": "memcpy"},
             ratios=(
                 STOCK_FG,
