@@ -15,10 +15,10 @@ import pytest
 import torch
 from _forward import forward_metadata, make_processor, output_fields
 from _sglang import ROW, assert_same, lp, oracle_context
+from flatgather.bench.counts import AtenOps, HostSyncs
 from flatgather.sglang import input_logprobs, input_logprobs_check
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
 CHUNK_MODULE = sys.modules.get("sglang.srt.layers.logprob_processor", lp)
 # The release's own functions, before any test patches them.
@@ -189,44 +189,25 @@ def test_whole_forward_is_the_release_s_own(batch, chunk_size, fast, dtype):
     assert_same(run_forward(batch, chunk_size, fast, dtype, stock=False), expected)
 
 
-class Counts(TorchDispatchMode):
+def counts(batch_size):
     """Non-view aten ops dispatched, and ``Tensor.tolist`` calls."""
-
-    def __init__(self, monkeypatch):
-        super().__init__()
-        self.ops = self.tolist = 0
-        tolist = torch.Tensor.tolist
-
-        def counted(tensor):
-            self.tolist += 1
-            return tolist(tensor)
-
-        monkeypatch.setattr(torch.Tensor, "tolist", counted)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
-            self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
-def counts(monkeypatch, batch_size):
     extend = [6] * batch_size
     start = [i % 7 for i in range(batch_size)]
     batch = (extend, start, [5] * batch_size, [[1, 2, 3]] * batch_size)
     forward = prepared_forward(batch, None, False, torch.float32, stock=False)
-    with monkeypatch.context() as m, Counts(m) as counter:
+    with HostSyncs() as syncs, AtenOps() as ops:
         out = forward()
     assert isinstance(out, dict), out
-    return counter.ops, counter.tolist
+    return len(ops.names), syncs.calls["tolist"]
 
 
 @pytest.mark.matrix
-def test_ops_and_tolist_calls_do_not_grow_with_the_batch(monkeypatch):
+def test_ops_and_tolist_calls_do_not_grow_with_the_batch():
     flatgather.sglang.install()
-    small, large = counts(monkeypatch, 16), counts(monkeypatch, 256)
+    small, large = counts(16), counts(256)
     assert small == large
     flatgather.sglang.uninstall()
-    stock_small, stock_large = counts(monkeypatch, 16), counts(monkeypatch, 256)
+    stock_small, stock_large = counts(16), counts(256)
     # The release makes at least one .tolist() per request with token ids.
     assert stock_large[1] - stock_small[1] >= 240
 

@@ -10,17 +10,7 @@ import flatgather.sglang
 import pytest
 import torch
 from _sglang import PACKED_AUX, PRUNES_AUX, metadata, pruned_states
-from torch.utils._python_dispatch import TorchDispatchMode
-
-
-class CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func.overloadpacket.__name__))
-        return func(*args, **(kwargs or {}))
+from flatgather.bench.counts import AtenOps
 
 
 def count(batch, layers, packed=False, before_norm=True, pad=0):
@@ -34,9 +24,9 @@ def count(batch, layers, packed=False, before_norm=True, pad=0):
     else:
         aux = [torch.randn(rows, 8) for _ in range(layers)] if layers else None
     md = metadata(extend, start)
-    with CountOps() as counter:
+    with AtenOps(views=True) as counter:
         pruned_states(h, b, aux, md)
-    return counter.ops
+    return counter.names
 
 
 @pytest.mark.parametrize("batch", [1, 16, 256, 1024])

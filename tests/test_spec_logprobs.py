@@ -25,7 +25,7 @@ from _sglang import RELEASE  # noqa: F401  (skips without a release)
 from flatgather import PlanError
 from flatgather._core import SpecLogprobsPlan
 from flatgather.bench import spec_chain as sc
-from flatgather.bench.timing import aten_ops, host_syncs
+from flatgather.bench.counts import aten_ops, host_syncs
 from flatgather.sglang import installer, spec_logprobs, spec_logprobs_check
 from flatgather.sglang.spec_logprobs_check import difference
 from hypothesis import given, settings

@@ -17,54 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from flatgather.bench.counts import aten_ops, host_syncs
 from flatgather.bench.sections import Timing
 from flatgather.bench.stats import host_clock, measure_side_by_side
 from flatgather.sglang.compare import first_difference
-
-
-class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
-def aten_ops(fn: Callable[[], object]) -> int:
-    """Aten operations one call dispatches, views not counted (they launch
-    nothing)."""
-    with _CountOps() as counter:
-        fn()
-    return counter.count
-
-
-def host_syncs(fn: Callable[[], object]) -> int:
-    """``Tensor.tolist`` and ``Tensor.item`` calls one call makes: on a GPU,
-    each waits for the device."""
-    calls = 0
-    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "item")}
-
-    def counting(original):
-        def counted(tensor, *args):
-            nonlocal calls
-            calls += 1
-            return original(tensor, *args)
-
-        return counted
-
-    for name, original in originals.items():
-        setattr(torch.Tensor, name, counting(original))
-    try:
-        fn()
-    finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
-    return calls
 
 
 def cuda_clock(fn: Callable[[], object], k: int) -> float:
