@@ -26,19 +26,14 @@ def main() -> None:
     import flatgather
     import flatgather.sglang as fs
     import torch
-    from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from flatgather.bench.batches import metadata
+    from sglang.srt.layers.logits_processor import LogitsProcessor
 
     extend, start = [4, 5, 6, 3], [0, 5, 3, 1]
     rows = sum(extend) + 5  # padding rows, as CUDA-graph buckets leave them
     h = torch.randn(rows, 8)
     aux = [torch.randn(rows, 8) for _ in range(3)]
-    md = LogitsMetadata(
-        forward_mode=ForwardMode.EXTEND,
-        extend_return_logprob=True,
-        extend_seq_lens_cpu=extend,
-        extend_logprob_start_lens_cpu=start,
-    )
+    md = metadata(extend, start)
     fs.install()
     fn = LogitsProcessor._get_pruned_states
     for _ in range(10_000):  # warm caches and allocators before the baseline

@@ -1,39 +1,30 @@
 """A CPU-sized ``LogitsProcessor`` of the release under test, and batches
-built the way the release builds them.
-
-Nothing is loaded: ``ServerArgs(model_path="dummy")`` is published as the
-process's server arguments, ``skip_all_gather=True`` keeps the processor off
-``torch.distributed`` (with one rank there is nothing to gather), and the LM
-head is a bare weight matrix, which is all the plain matmul path reads.
-"""
+built the way the release builds them (the builders the bench shares live
+in :mod:`flatgather.bench.batches`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import types
 
 import torch
 from _sglang import (
     CAPTURE_MODES,
     PRUNES_AUX,
     ForwardMode,
-    LogitsMetadata,
     LogitsProcessor,
     StockLogitsProcessor,
     expected_pruned_states,
     hidden_to_store,
-    metadata,
     oracle_context,
 )
-
-
-def publish_server_args() -> None:
-    """Publish dummy server arguments as the scheduler does; every release
-    of the table has ``set_global_server_args_for_scheduler`` (from 0.5.17
-    on, a front to its runtime context)."""
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-
-    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
+from flatgather.bench.batches import (
+    lm_head,
+    metadata,
+    new_processor,
+    next_token_ids,
+    output_fields,
+    publish_server_args,
+)
 
 
 def make_processor(vocab: int, hidden: int, seed: int = 0, stock: bool = False, cls=None):
@@ -41,42 +32,9 @@ def make_processor(vocab: int, hidden: int, seed: int = 0, stock: bool = False, 
     ``stock=True`` gives one that runs the release's own code even while
     flatgather is installed."""
     publish_server_args()
-    config = types.SimpleNamespace(vocab_size=vocab, hidden_size=hidden)
     cls = cls or (StockLogitsProcessor if stock else LogitsProcessor)
-    processor = cls(config, skip_all_gather=True)
     gen = torch.Generator().manual_seed(seed)
-    lm_head = types.SimpleNamespace(weight=torch.randn(vocab, hidden, generator=gen))
-    return processor, lm_head
-
-
-def next_token_ids(extend, start, input_ids):
-    """The ids whose input logprobs are asked for, as the scheduler lists them."""
-    out, pt = [], 0
-    for e, s in zip(extend, start, strict=True):
-        seq = [*input_ids[pt : pt + e].tolist(), 0]
-        out += seq[s + 1 : e + 1]
-        pt += e
-    return out
-
-
-def forward_metadata(extend, start, capture, input_ids, top_logprobs_nums, token_ids_logprobs):
-    """EXTEND metadata with input logprobs, as ``from_forward_batch`` builds it."""
-    return LogitsMetadata(
-        forward_mode=ForwardMode.EXTEND,
-        capture_hidden_mode=CAPTURE_MODES[capture],
-        extend_return_logprob=True,
-        extend_return_top_logprob=any(n > 0 for n in top_logprobs_nums),
-        extend_token_ids_logprob=any(t is not None for t in token_ids_logprobs),
-        extend_seq_lens=torch.tensor(extend, dtype=torch.int32),
-        extend_seq_lens_cpu=list(extend),
-        extend_logprob_start_lens_cpu=list(start),
-        extend_logprob_pruned_lens_cpu=[e - s for e, s in zip(extend, start, strict=True)],
-        top_logprobs_nums=list(top_logprobs_nums),
-        token_ids_logprobs=list(token_ids_logprobs),
-        extend_input_logprob_token_ids_gpu=torch.tensor(
-            next_token_ids(extend, start, input_ids), dtype=torch.int64
-        ),
-    )
+    return new_processor(cls, vocab, hidden), lm_head(torch.randn(vocab, hidden, generator=gen))
 
 
 class _ModelRunner:
@@ -130,10 +88,6 @@ def padded_forward_batch(extend, start, capture, input_ids, top, token_ids, padd
     with oracle_context():
         batch._pad_inputs_to_size(_ModelRunner, padded_tokens, bs)
     return batch
-
-
-def output_fields(output) -> dict:
-    return {f.name: getattr(output, f.name) for f in dataclasses.fields(output)}
 
 
 def release_outputs(run, extend, start, capture, hidden, before_norm, aux) -> dict:

@@ -6,6 +6,7 @@ import flatgather.sglang
 import pytest
 import torch
 from conftest import RELEASE, ROW
+from flatgather.bench.batches import metadata
 from flatgather.sglang.compare import first_difference
 from flatgather.sglang.unpinned import unpinned_without_cuda
 
@@ -23,13 +24,12 @@ WRITES_CPU_INDICES = ROW.writes_cpu_indices
 DRAFT_NO_LOGPROB = ROW.draft_no_logprob
 
 from sglang.srt.layers import logits_processor as lp  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import (  # noqa: E402
-    CaptureHiddenMode,
-    ForwardMode,
-)
+from sglang.srt.model_executor import forward_batch_info  # noqa: E402
 
 LogitsProcessor = lp.LogitsProcessor
 LogitsMetadata = lp.LogitsMetadata
+ForwardMode = forward_batch_info.ForwardMode
+CaptureHiddenMode = forward_batch_info.CaptureHiddenMode
 
 # The release's own functions, taken before any test can patch them.
 STOCK_PRUNED_STATES = vars(LogitsProcessor)["_get_pruned_states"]
@@ -63,19 +63,6 @@ def oracle_context():
     """Where the release's own code runs as the oracle: with pinning off on
     a host without CUDA (0.5.12 pins whatever the host; it changes no value)."""
     return unpinned_without_cuda()
-
-
-def metadata(extend, start, capture: str = "NULL", mode=ForwardMode.EXTEND, **extra):
-    return LogitsMetadata(
-        forward_mode=mode,
-        capture_hidden_mode=CAPTURE_MODES[capture],
-        extend_return_logprob=True,
-        extend_seq_lens=torch.tensor(extend, dtype=torch.int32),
-        extend_seq_lens_cpu=list(extend),
-        extend_logprob_start_lens_cpu=list(start),
-        extend_logprob_pruned_lens_cpu=[e - s for e, s in zip(extend, start, strict=True)],
-        **extra,
-    )
 
 
 def make_inputs(extend, seed, dtype, hidden, before_norm, aux_kind, layers, pad=0):

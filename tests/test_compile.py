@@ -9,7 +9,8 @@ import flatgather.sglang
 import pytest
 import torch
 from _forward import make_processor
-from _sglang import CAPTURE_MODES, CaptureHiddenMode, ForwardMode, LogitsMetadata, assert_same
+from _sglang import CAPTURE_MODES, ForwardMode, LogitsMetadata, assert_same
+from flatgather.bench.batches import metadata
 
 VOCAB, HIDDEN = 48, 8
 
@@ -59,14 +60,7 @@ def test_compiled_code_never_builds_a_plan(monkeypatch):
     flatgather.sglang.install()
     monkeypatch.setattr(pruned_states, "PrunePlan", refuse)
     extend, start = [3, 2], [0, 1]
-    md = LogitsMetadata(
-        forward_mode=ForwardMode.EXTEND,
-        capture_hidden_mode=CaptureHiddenMode.NULL,
-        extend_return_logprob=True,
-        extend_seq_lens=torch.tensor(extend),
-        extend_seq_lens_cpu=extend,
-        extend_logprob_start_lens_cpu=start,
-    )
+    md = metadata(extend, start)
     from _sglang import LogitsProcessor
 
     def prune(hidden):

@@ -12,9 +12,10 @@ import flatgather.sglang
 import numpy as np
 import pytest
 import torch
-from _forward import forward_metadata, make_processor, output_fields
-from _sglang import assert_same, make_inputs, metadata, pruned_states
+from _forward import make_processor
+from _sglang import assert_same, make_inputs, pruned_states
 from flatgather._staging import stage
+from flatgather.bench.batches import forward_metadata, metadata, output_fields
 
 pytestmark = pytest.mark.cuda
 

@@ -7,16 +7,11 @@ from __future__ import annotations
 import flatgather.sglang
 import pytest
 import torch
-from _forward import (
-    forward_metadata,
-    make_processor,
-    output_fields,
-    padded_forward_batch,
-    release_outputs,
-)
+from _forward import make_processor, padded_forward_batch, release_outputs
 from _sglang import CAPTURE_MODES, PACKED_AUX, assert_same, oracle_context
 from _strategies import batches
 from flatgather import PlanError
+from flatgather.bench.batches import forward_metadata, output_fields
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -23,13 +23,13 @@ from _sglang import (
     LogitsProcessor,
     assert_same,
     expected_pruned_states,
-    metadata,
     pruned_states,
     stock_pruned_states,
 )
 from _strategies import batches
 from flatgather import PlanError, _core, prune_plan, rotation_plan
 from flatgather._errors import KINDS
+from flatgather.bench.batches import metadata
 from flatgather.sglang import patching
 from hypothesis import given
 from hypothesis import strategies as st

@@ -13,8 +13,9 @@ import types
 import flatgather.sglang
 import pytest
 import torch
-from _forward import forward_metadata, make_processor, output_fields
+from _forward import make_processor
 from _sglang import ROW, assert_same, lp, oracle_context
+from flatgather.bench.batches import forward_metadata, output_fields
 from flatgather.bench.counts import AtenOps, HostSyncs
 from flatgather.sglang import input_logprobs, input_logprobs_check
 from hypothesis import given

@@ -10,17 +10,17 @@ from typing import ClassVar
 import flatgather.sglang
 import pytest
 import torch
-from _forward import forward_metadata, make_processor, output_fields
+from _forward import make_processor
 from _sglang import (
     PACKED_AUX,
     PRUNES_AUX,
     LogitsProcessor,
     assert_same,
     expected_pruned_states,
-    metadata,
     oracle_context,
     pruned_states,
 )
+from flatgather.bench.batches import forward_metadata, metadata, output_fields
 from test_forward import HIDDEN, VOCAB, make_tensors, run_forward
 from torch.utils._python_dispatch import TorchDispatchMode
 

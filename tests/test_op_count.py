@@ -9,7 +9,8 @@ from __future__ import annotations
 import flatgather.sglang
 import pytest
 import torch
-from _sglang import PACKED_AUX, PRUNES_AUX, metadata, pruned_states
+from _sglang import PACKED_AUX, PRUNES_AUX, pruned_states
+from flatgather.bench.batches import metadata
 from flatgather.bench.counts import AtenOps
 
 

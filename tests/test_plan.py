@@ -7,10 +7,11 @@ import flatgather
 import numpy as np
 import pytest
 import torch
-from _sglang import TRAILING_TOKEN_TO_SEQ, metadata, stock_pruned_states
+from _sglang import TRAILING_TOKEN_TO_SEQ, stock_pruned_states
 from _strategies import batches
 from flatgather import PlanError, prune_plan
 from flatgather._errors import KINDS
+from flatgather.bench.batches import metadata
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -23,13 +23,13 @@ from _sglang import (
     expected_pruned_states,
     hidden_to_store,
     make_inputs,
-    metadata,
     outcome,
     pruned_states,
     stock_pruned_states,
 )
 from _strategies import batches
 from flatgather import PlanError, prune_plan
+from flatgather.bench.batches import metadata
 from hypothesis import given
 from hypothesis import strategies as st
 

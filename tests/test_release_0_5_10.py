@@ -15,10 +15,10 @@ from _sglang import (
     assert_same,
     fixed_aux_oracle,
     hidden_to_store,
-    metadata,
     pruned_states,
     stock_pruned_states,
 )
+from flatgather.bench.batches import metadata
 
 pytestmark = pytest.mark.skipif(RELEASE != "0.5.10", reason="0.5.10 backports")
 
@@ -55,7 +55,7 @@ def test_installed_prunes_aux_as_fixed_releases_do():
 
 
 def test_forward_crash_reproduced_and_gone_with_install():
-    from _forward import output_fields
+    from flatgather.bench.batches import output_fields
     from test_forward import HIDDEN, run_forward
 
     args = ([4, 5, 6], [0, 5, 3], "LAST", "list", 5, [0, 0, 0], [None] * 3, False)

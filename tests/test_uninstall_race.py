@@ -15,8 +15,9 @@ import time
 
 import flatgather.sglang as fs
 import pytest
-from _forward import forward_metadata, make_processor, output_fields, release_outputs
+from _forward import make_processor, release_outputs
 from _sglang import LogitsProcessor, assert_same, oracle_context
+from flatgather.bench.batches import forward_metadata, output_fields
 from flatgather.sglang import installer
 from flatgather.sglang.patching import Prepared
 from test_forward import HIDDEN, VOCAB, make_tensors

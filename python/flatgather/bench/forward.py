@@ -24,12 +24,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import types
 
 import torch
 
 from flatgather import prune_plan
+from flatgather.bench.batches import (
+    forward_metadata,
+    lm_head,
+    new_processor,
+    output_fields,
+    publish_server_args,
+)
 from flatgather.bench.cases import DTYPES, Shape, lengths
 from flatgather.bench.sections import SECTIONS, Case, Planned
 from flatgather.bench.timing import Context, Mismatch, same
@@ -67,26 +72,6 @@ GRIDS = {
 }
 
 
-def publish_server_args() -> None:
-    """Dummy server arguments, published the way the release publishes them:
-    through its runtime context where it has one (0.5.22 on), else the
-    global setter."""
-    from sglang.srt.server_args import ServerArgs
-
-    server_args = ServerArgs(model_path="dummy")
-    try:
-        context = importlib.import_module("sglang.srt.runtime_context")
-    except ImportError:
-        context = None
-    if context is not None and hasattr(context, "publish"):
-        context.reset_context()
-        context.publish(server_args, role="bench", ranks=context.SpawnRanks(world_rank=0))
-    else:
-        from sglang.srt.server_args import set_global_server_args_for_scheduler
-
-        set_global_server_args_for_scheduler(server_args)
-
-
 def processor_classes(ctx: Context) -> dict[str, type]:
     from flatgather.sglang.pruned_states import make_pruned_states
 
@@ -106,45 +91,17 @@ def processor_classes(ctx: Context) -> dict[str, type]:
     return {"stock": stock, "flatgather": installed, "eager": eager}
 
 
-def next_token_ids(extend: list[int], start: list[int], input_ids: torch.Tensor) -> list[int]:
-    """The ids whose input logprobs are asked for, as the scheduler lists them."""
-    ids = input_ids.tolist()
-    out, pt = [], 0
-    for e, s in zip(extend, start, strict=True):
-        seq = [*ids[pt : pt + e], 0]
-        out += seq[s + 1 : e + 1]
-        pt += e
-    return out
-
-
 def metadata(ctx: Context, extend, start, capture: str, input_ids, logprobs: str):
-    sg = ctx.sglang
-    b = len(extend)
-    more = logprobs == TOP_IDS
-    return sg.lp.LogitsMetadata(
-        forward_mode=sg.ForwardMode.EXTEND,
-        capture_hidden_mode=getattr(sg.CaptureHiddenMode, capture),
-        extend_return_logprob=True,
-        extend_return_top_logprob=more,
-        extend_token_ids_logprob=more,
-        extend_seq_lens=torch.tensor(extend, dtype=torch.int32, device=ctx.device),
-        extend_seq_lens_cpu=list(extend),
-        extend_logprob_start_lens_cpu=list(start),
-        extend_logprob_pruned_lens_cpu=[e - s for e, s in zip(extend, start, strict=True)],
-        top_logprobs_nums=[TOP_K if more else 0] * b,
-        token_ids_logprobs=[list(TOKEN_IDS) if more else None for _ in range(b)],
-        extend_input_logprob_token_ids_gpu=torch.tensor(
-            next_token_ids(extend, start, input_ids), dtype=torch.int64, device=ctx.device
-        ),
-    )
+    """The forward's metadata on the bench's device: every request asks for
+    input logprobs, and in the ``TOP_IDS`` series for its top-k and token ids."""
+    b, more = len(extend), logprobs == TOP_IDS
+    top = [TOP_K if more else 0] * b
+    token_ids = [list(TOKEN_IDS) if more else None for _ in range(b)]
+    return forward_metadata(extend, start, capture, input_ids, top, token_ids, device=ctx.device)
 
 
 def series(capture: str, mean: int, aux: str, logprobs: str) -> str:
     return f"capture {capture}, {logprobs}, mean prompt {mean} tokens, {LAYERS} aux layers ({aux})"
-
-
-def outputs(output) -> dict:
-    return {f.name: getattr(output, f.name) for f in dataclasses.fields(output)}
 
 
 def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, logprobs) -> dict:
@@ -163,8 +120,7 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, l
     hidden = tensor(rows, HIDDEN)
     layers = [tensor(rows, HIDDEN) for _ in range(LAYERS)]
     aux = layers if aux_kind == "list" else torch.cat(layers, dim=-1)
-    lm_head = types.SimpleNamespace(weight=tensor(VOCAB, HIDDEN))
-    config = types.SimpleNamespace(vocab_size=VOCAB, hidden_size=HIDDEN)
+    head = lm_head(tensor(VOCAB, HIDDEN))
     row = {
         "batch": batch,
         "series": label,
@@ -179,15 +135,15 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, l
     }
     fns, results = {}, {}
     for name, cls in classes.items():
-        processor = cls(config, skip_all_gather=True)
+        processor = new_processor(cls, VOCAB, HIDDEN)
         md = metadata(ctx, extend, start, capture, input_ids, logprobs)
         ids = input_ids.to(device)
 
         def call(processor=processor, md=md, ids=ids):
-            return processor.forward(ids, hidden, lm_head, md, aux_hidden_states=aux)
+            return processor.forward(ids, hidden, head, md, aux_hidden_states=aux)
 
         try:
-            results[name] = outputs(ctx.sglang.run_stock(call) if name == "stock" else call())
+            results[name] = output_fields(ctx.sglang.run_stock(call) if name == "stock" else call())
         except Exception as exc:
             if name != "stock":
                 raise
@@ -197,7 +153,7 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, l
             return row
         # The same metadata serves every timed call: a second call must
         # give the same answer.
-        again = outputs(ctx.sglang.run_stock(call) if name == "stock" else call())
+        again = output_fields(ctx.sglang.run_stock(call) if name == "stock" else call())
         if not same(again, results[name]):
             raise Mismatch(f"{name}: a second forward on the same metadata differs ({label})")
         fns[name] = (lambda call=call: ctx.sglang.run_stock(call)) if name == "stock" else call
@@ -208,35 +164,34 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, l
         fns["floor"] = floor(
             ctx,
             classes["flatgather"],
-            config,
             extend,
             start,
             input_ids,
             logprobs,
             hidden,
-            lm_head,
+            head,
             aux,
         )
     row["info"]["logprobs"] = int(results["stock"]["input_token_logprobs"].shape[0])
     kept = prune_plan(extend, start).num_pruned
-    row["info"]["chunks"] = logprob_chunks(classes["stock"](config, skip_all_gather=True), kept)
+    row["info"]["chunks"] = logprob_chunks(new_processor(classes["stock"], VOCAB, HIDDEN), kept)
     row.update(ctx.timer.measure(fns, SECTION.counted))
     return row
 
 
-def floor(ctx, cls, config, extend, start, input_ids, logprobs, hidden, lm_head, aux):
+def floor(ctx, cls, extend, start, input_ids, logprobs, hidden, head, aux):
     """flatgather's forward under NULL capture, then the release's own FULL
     store of the same batch: what a FULL forward cannot do without."""
     sg = ctx.sglang
     name = "_get_hidden_states_to_store"
     store = sg.stock.get(name) or vars(sg.lp.LogitsProcessor)[name]
-    processor = cls(config, skip_all_gather=True)
+    processor = new_processor(cls, VOCAB, HIDDEN)
     null = metadata(ctx, extend, start, "NULL", input_ids, logprobs)
     full = metadata(ctx, extend, start, "FULL", input_ids, logprobs)
     ids = input_ids.to(ctx.device)
 
     def call():
-        processor.forward(ids, hidden, lm_head, null, aux_hidden_states=aux)
+        processor.forward(ids, hidden, head, null, aux_hidden_states=aux)
         return store(processor, hidden, None, aux, None, None, None, None, full)
 
     return call

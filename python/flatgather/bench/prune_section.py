@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+from flatgather.bench.batches import metadata
 from flatgather.bench.cases import (
     Grid,
     Shape,
@@ -52,7 +53,7 @@ def calls(ctx: Context, inputs, anchor) -> dict:
     metadata (the logprob branch may write on it)."""
     sg = ctx.sglang
     h, aux = inputs.hidden, inputs.aux
-    md = {k: sg.metadata(inputs.extend, inputs.start) for k in ("stock", "flatgather", "numpy")}
+    md = {k: metadata(inputs.extend, inputs.start) for k in ("stock", "flatgather", "numpy")}
     return {
         "stock": lambda: sg.stock_pruned_states(h, None, aux, md["stock"]),
         "flatgather": lambda: sg.fg_pruned_states(h, None, aux, md["flatgather"]),

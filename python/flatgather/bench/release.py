@@ -10,6 +10,7 @@ import sys
 
 import torch
 
+from flatgather.bench.batches import metadata
 from flatgather.sglang import draft_prefill, input_logprobs_check
 from flatgather.sglang.input_logprobs import CHUNK, PREFILL
 from flatgather.sglang.standins import install_sgl_kernel_stand_in
@@ -22,12 +23,10 @@ class SGLang:
 
     def __init__(self, notes: list[str], draft: bool = False) -> None:
         from sglang.srt.layers import logits_processor as lp
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 
         import flatgather.sglang as fs
 
         self.fs, self.lp = fs, lp
-        self.ForwardMode, self.CaptureHiddenMode = ForwardMode, CaptureHiddenMode
         self.release = fs.sglang_release()
         if fs.is_installed():
             # FLATGATHER_SGLANG was set: the import installed flatgather.
@@ -64,7 +63,7 @@ class SGLang:
 
         def first(no_pin):
             with within(no_pin):
-                self._stock_pruned(None, torch.zeros(2, 1), None, None, self.metadata([2], [0]))
+                self._stock_pruned(None, torch.zeros(2, 1), None, None, metadata([2], [0]))
 
         _, self._no_pin = first_run(first)
         if self._no_pin is not None:
@@ -102,14 +101,6 @@ class SGLang:
             return
         self.draft_module = module
         self.draft_stock = vars(owner)[method]
-
-    def metadata(self, extend: list[int], start: list[int]):
-        return self.lp.LogitsMetadata(
-            forward_mode=self.ForwardMode.EXTEND,
-            extend_return_logprob=True,
-            extend_seq_lens_cpu=list(extend),
-            extend_logprob_start_lens_cpu=list(start),
-        )
 
     def stock_pruned_states(self, hidden, before_norm, aux, md):
         with within(self._no_pin):
