@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import flatgather.sglang
 import pytest
-import torch
 from conftest import RELEASE, ROW
 from flatgather.bench.batches import metadata
 from flatgather.sglang.compare import first_difference
@@ -63,30 +62,6 @@ def oracle_context():
     """Where the release's own code runs as the oracle: with pinning off on
     a host without CUDA (0.5.12 pins whatever the host; it changes no value)."""
     return unpinned_without_cuda()
-
-
-def make_inputs(extend, seed, dtype, hidden, before_norm, aux_kind, layers, pad=0):
-    """hidden_states, before-norm states and aux layers for a batch, with
-    ``pad`` padding rows past the tokens, full of NaN: a read of them shows."""
-    gen = torch.Generator().manual_seed(seed)
-    tokens = sum(extend)
-
-    def tensor(width):
-        t = torch.randn(tokens + pad, width, generator=gen)
-        t[tokens:] = float("nan")
-        return t.to(dtype)
-
-    h = tensor(hidden)
-    b = tensor(hidden) if before_norm else None
-    if aux_kind == "none":
-        aux = None
-    elif aux_kind == "empty-list":
-        aux = []
-    elif aux_kind == "list":
-        aux = [tensor(hidden) for _ in range(layers)]
-    else:
-        aux = tensor(hidden * layers)
-    return h, b, aux
 
 
 def pruned_states(hidden, before_norm, aux, md):

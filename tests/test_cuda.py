@@ -13,9 +13,15 @@ import numpy as np
 import pytest
 import torch
 from _forward import make_processor
-from _sglang import assert_same, make_inputs, pruned_states
+from _sglang import assert_same, pruned_states
 from flatgather._staging import stage
-from flatgather.bench.batches import forward_metadata, metadata, output_fields
+from flatgather.bench.batches import (
+    forward_metadata,
+    make_forward_inputs,
+    make_states,
+    metadata,
+    output_fields,
+)
 
 pytestmark = pytest.mark.cuda
 
@@ -52,7 +58,7 @@ def test_staging_reuse_under_a_busy_stream():
 @pytest.mark.parametrize("capture", ["NULL", "LAST", "FULL"])
 def test_padded_pruned_states_on_cuda(aux_kind, capture):
     extend, start = [4, 5, 6, 1, 9], [0, 5, 3, 0, 9]
-    h, b, aux = make_inputs(extend, 0, torch.bfloat16, 16, True, aux_kind, 3, pad=11)
+    h, b, aux = make_states(extend, 0, torch.bfloat16, 16, True, aux_kind, 3, pad=11)
     to = lambda t: None if t is None else t.cuda()  # noqa: E731
     h, b = to(h), to(b)
     aux = None if aux is None else [to(x) for x in aux]
@@ -71,13 +77,9 @@ def test_padded_forward_on_cuda_equals_stock(capture):
     processor, lm_head = make_processor(64, 16)
     lm_head.weight = lm_head.weight.cuda()
     extend, start = [4, 5, 6], [0, 5, 3]
-    gen = torch.Generator().manual_seed(1)
-    input_ids = torch.randint(0, 64, (15,), generator=gen)
-    hidden = torch.randn(32, 16, generator=gen)
-    hidden[15:] = float("nan")
-    layers = [torch.randn(32, 16, generator=gen) for _ in range(3)]
-    for layer in layers:
-        layer[15:] = float("nan")
+    input_ids, hidden, _, layers = make_forward_inputs(
+        extend, 1, 64, torch.float32, 16, False, "list", 3, pad=17
+    )
 
     def run():
         md = forward_metadata(extend, start, capture, input_ids, [1, 0, 2], [None] * 3)

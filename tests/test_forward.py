@@ -11,7 +11,7 @@ from _forward import make_processor, padded_forward_batch, release_outputs
 from _sglang import CAPTURE_MODES, PACKED_AUX, assert_same, oracle_context
 from _strategies import batches
 from flatgather import PlanError
-from flatgather.bench.batches import forward_metadata, output_fields
+from flatgather.bench.batches import forward_metadata, make_forward_inputs, output_fields
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,20 +20,11 @@ AUX_KINDS = ["none", "list"] + (["packed"] if PACKED_AUX else [])
 
 
 def make_tensors(extend, seed, aux_kind, before_norm, pad):
-    gen = torch.Generator().manual_seed(seed)
-    tokens = sum(extend)
-    input_ids = torch.randint(0, VOCAB, (tokens,), generator=gen)
-
-    def tensor(width=HIDDEN):
-        t = torch.randn(tokens + pad, width, generator=gen)
-        t[tokens:] = float("nan")  # padding: never to be read
-        return t
-
-    hidden = tensor()
-    before = tensor() if before_norm else None
-    layers = [tensor() for _ in range(3)]
-    aux = {"none": None, "list": layers, "packed": torch.cat(layers, dim=-1)}[aux_kind]
-    return input_ids, hidden, before, aux
+    """input_ids, hidden states, before-norm states and 3 aux layers; the
+    ``pad`` rows past the tokens full of NaN: never to be read."""
+    return make_forward_inputs(
+        extend, seed, VOCAB, torch.float32, HIDDEN, before_norm, aux_kind, 3, pad
+    )
 
 
 def run_forward(

@@ -29,7 +29,7 @@ from _sglang import (
 from _strategies import batches
 from flatgather import PlanError, _core, prune_plan, rotation_plan
 from flatgather._errors import KINDS
-from flatgather.bench.batches import metadata
+from flatgather.bench.batches import make_states, metadata
 from flatgather.sglang import patching
 from hypothesis import given
 from hypothesis import strategies as st
@@ -264,9 +264,7 @@ def test_eight_threads_give_the_release_answer(batch):
     """16 calls on 8 threads, each of ``prune_plan`` and of the installed
     ``_get_pruned_states``: every one gives what the release's own code gives."""
     extend, start = batch
-    rows = sum(extend)
-    h = torch.randn(rows, 4)
-    aux = [torch.randn(rows, 4) for _ in range(2)]
+    h, _, aux = make_states(extend, 0, torch.float32, 4, False, "list", 2)
     expected_states = expected_pruned_states(extend, start, h, None, aux, metadata(extend, start))
     expected_indices = release_indices(extend, start)
     fs.install()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from _forward import make_processor
 from _sglang import ROW, assert_same, lp, oracle_context
-from flatgather.bench.batches import forward_metadata, output_fields
+from flatgather.bench.batches import forward_metadata, make_forward_inputs, output_fields
 from flatgather.bench.counts import AtenOps, HostSyncs
 from flatgather.sglang import input_logprobs, input_logprobs_check
 from hypothesis import given
@@ -158,9 +158,9 @@ def prepared_forward(batch, chunk_size, fast, dtype, stock):
     processor, lm_head = make_processor(VOCAB, HIDDEN, 3, stock=stock)
     configure(processor, chunk_size, fast)
     lm_head.weight = lm_head.weight.to(dtype)
-    gen = torch.Generator().manual_seed(sum(extend))
-    input_ids = torch.randint(0, VOCAB, (sum(extend),), generator=gen)
-    hidden = torch.randn(sum(extend), HIDDEN, generator=gen).to(dtype)
+    input_ids, hidden, _, _ = make_forward_inputs(
+        extend, sum(extend), VOCAB, dtype, HIDDEN, False, "none", 0
+    )
     md = forward_metadata(extend, start, "NULL", input_ids, top, token_ids)
 
     def run():

@@ -20,7 +20,7 @@ from _sglang import (
     oracle_context,
     pruned_states,
 )
-from flatgather.bench.batches import forward_metadata, metadata, output_fields
+from flatgather.bench.batches import forward_metadata, make_states, metadata, output_fields
 from test_forward import HIDDEN, VOCAB, make_tensors, run_forward
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -92,10 +92,7 @@ def test_install_reports_full_capture_verified():
 
 @pytest.mark.parametrize("aux_kind", AUX_KINDS)
 def test_callers_outside_forward_get_the_full_aux_result(aux_kind):
-    rows = sum(EXTEND)
-    h = torch.randn(rows, HIDDEN)
-    layers = [torch.randn(rows, HIDDEN) for _ in range(3)]
-    aux = layers if aux_kind == "list" else torch.cat(layers, dim=-1)
+    h, _, aux = make_states(EXTEND, 0, torch.float32, HIDDEN, False, aux_kind, 3)
     expected = expected_pruned_states(EXTEND, START, h, None, aux, metadata(EXTEND, START, "LAST"))
     flatgather.sglang.install(lazy_aux=True)
     actual = pruned_states(h, None, aux, metadata(EXTEND, START, "LAST"))

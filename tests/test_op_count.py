@@ -10,20 +10,15 @@ import flatgather.sglang
 import pytest
 import torch
 from _sglang import PACKED_AUX, PRUNES_AUX, pruned_states
-from flatgather.bench.batches import metadata
+from flatgather.bench.batches import make_states, metadata
 from flatgather.bench.counts import AtenOps
 
 
 def count(batch, layers, packed=False, before_norm=True, pad=0):
     extend = [16] * batch
     start = [i % 17 for i in range(batch)]  # start 0 .. 16 == extend: every kind
-    rows = sum(extend) + pad
-    h = torch.randn(rows, 8)
-    b = torch.randn(rows, 8) if before_norm else None
-    if packed:
-        aux = torch.randn(rows, 8 * layers)
-    else:
-        aux = [torch.randn(rows, 8) for _ in range(layers)] if layers else None
+    kind = "packed" if packed else "list" if layers else "none"
+    h, b, aux = make_states(extend, 0, torch.float32, 8, before_norm, kind, layers, pad)
     md = metadata(extend, start)
     with AtenOps(views=True) as counter:
         pruned_states(h, b, aux, md)

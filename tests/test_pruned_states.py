@@ -22,14 +22,13 @@ from _sglang import (
     assert_same,
     expected_pruned_states,
     hidden_to_store,
-    make_inputs,
     outcome,
     pruned_states,
     stock_pruned_states,
 )
 from _strategies import batches
 from flatgather import PlanError, prune_plan
-from flatgather.bench.batches import metadata
+from flatgather.bench.batches import make_states, metadata
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -77,7 +76,7 @@ def test_installed_equals_stock(
     batch, seed, dtype, hidden, before_norm, aux_kind, layers, capture, pad
 ):
     extend, start = batch
-    h, b, aux = make_inputs(extend, seed, dtype, hidden, before_norm, aux_kind, layers, pad)
+    h, b, aux = make_states(extend, seed, dtype, hidden, before_norm, aux_kind, layers, pad)
     compare(extend, start, h, b, aux, capture)
 
 
@@ -92,14 +91,14 @@ def test_sixty_random_padded_batches_are_bit_exact():
         extend = [rng.randint(1, 40) for _ in range(size)]
         start = [rng.choice([0, e, rng.randint(0, e)]) for e in extend]
         aux_kind = rng.choice(AUX_KINDS)
-        h, b, aux = make_inputs(
+        h, b, aux = make_states(
             extend, case, torch.bfloat16, 8, rng.random() < 0.5, aux_kind, 3, rng.randint(1, 64)
         )
         compare(extend, start, h, b, aux, rng.choice(list(CAPTURE_MODES)))
 
 
 def test_seed_example_through_sglang():
-    h, b, aux = make_inputs([4, 5, 6], 0, torch.float32, 4, True, "list", 3, pad=5)
+    h, b, aux = make_states([4, 5, 6], 0, torch.float32, 4, True, "list", 3, pad=5)
     pruned, before, aux_pruned, sample, input_logprob, token_to_seq = compare(
         [4, 5, 6], [0, 5, 3], h, b, aux, "LAST"
     )
@@ -130,7 +129,7 @@ def test_seed_example_through_sglang():
 @pytest.mark.parametrize("capture", list(CAPTURE_MODES))
 @pytest.mark.parametrize("pad", [0, 3])
 def test_named_edge_cases(extend, start, aux_kind, capture, pad):
-    h, b, aux = make_inputs(extend, 1, torch.bfloat16, 8, True, aux_kind, 3, pad)
+    h, b, aux = make_states(extend, 1, torch.bfloat16, 8, True, aux_kind, 3, pad)
     compare(extend, start, h, b, aux, capture)
 
 
@@ -138,7 +137,7 @@ def test_named_edge_cases(extend, start, aux_kind, capture, pad):
 @pytest.mark.parametrize("tensor", ["hidden", "before_norm", "aux"])
 def test_fewer_rows_than_tokens_is_a_plan_error(tensor):
     extend, start = [4, 5, 6], [0, 5, 3]
-    h, b, aux = make_inputs(extend, 3, torch.float32, 4, True, "list", 2)
+    h, b, aux = make_states(extend, 3, torch.float32, 4, True, "list", 2)
     if tensor == "hidden":
         h = h[:14]
     elif tensor == "before_norm":
@@ -157,7 +156,7 @@ def test_zero_length_requests_get_the_release_answer():
     hands such a batch to the release's own code, so the answer (or the
     error) is the release's."""
     extend, start = [3, 0, 2], [0, 0, 1]
-    h, b, aux = make_inputs(extend, 4, torch.float32, 4, False, "none", 1, pad=2)
+    h, b, aux = make_states(extend, 4, torch.float32, 4, False, "none", 1, pad=2)
     expected = outcome(expected_pruned_states, extend, start, h, b, aux, metadata(extend, start))
     flatgather.sglang.install()
     assert_same(outcome(pruned_states, h, b, aux, metadata(extend, start)), expected)
@@ -191,7 +190,7 @@ def test_metadata_the_plan_refuses_gets_the_release_answer(case):
     extend, start = REFUSED_BY_THE_PLAN[case]
     with pytest.raises(PlanError):
         prune_plan(extend, start)
-    h, b, aux = make_inputs([4, 5, 6], 6, torch.float32, 4, True, "list", 2, pad=2)
+    h, b, aux = make_states([4, 5, 6], 6, torch.float32, 4, True, "list", 2, pad=2)
     md_stock, md_ours = odd_metadata(extend, start), odd_metadata(extend, start)
     expected = outcome(stock_pruned_states, h, b, aux, md_stock)
     flatgather.sglang.install()
@@ -203,7 +202,7 @@ def test_metadata_the_plan_refuses_gets_the_release_answer(case):
 @pytest.mark.parametrize("tensor", ["hidden", "before_norm", "aux"])
 def test_a_0d_tensor_gets_the_release_answer(tensor):
     extend, start = [4, 5, 6], [0, 5, 3]
-    h, b, aux = make_inputs(extend, 7, torch.float32, 4, True, "list", 2)
+    h, b, aux = make_states(extend, 7, torch.float32, 4, True, "list", 2)
     if tensor == "hidden":
         h = h[0, 0]
     elif tensor == "before_norm":
@@ -223,7 +222,7 @@ def test_other_branches_run_the_release_code(mode):
     """Decode, idle, verify, and prefill without logprobs: the installed
     function hands over to the release's own (same result, same objects)."""
     extend, start = [4, 5, 6], [0, 5, 3]
-    h, b, aux = make_inputs(extend, 2, torch.float32, 4, True, "list", 2)
+    h, b, aux = make_states(extend, 2, torch.float32, 4, True, "list", 2)
 
     def run():
         md = metadata(extend, start, "LAST", mode=mode)
@@ -239,7 +238,7 @@ def test_other_branches_run_the_release_code(mode):
 @pytest.mark.skipif(PACKED_AUX, reason="the release handles packed aux itself")
 def test_packed_aux_goes_to_the_release_where_it_has_no_packed_aux():
     extend, start = [4, 5, 6], [0, 5, 3]
-    h, b, aux = make_inputs(extend, 5, torch.float32, 4, False, "packed", 2)
+    h, b, aux = make_states(extend, 5, torch.float32, 4, False, "packed", 2)
     expected = outcome(pruned_states, h, b, aux, metadata(extend, start))
     flatgather.sglang.install()
     assert_same(outcome(pruned_states, h, b, aux, metadata(extend, start)), expected)

@@ -18,7 +18,7 @@ from _sglang import (
     pruned_states,
     stock_pruned_states,
 )
-from flatgather.bench.batches import metadata
+from flatgather.bench.batches import make_states, metadata
 
 pytestmark = pytest.mark.skipif(RELEASE != "0.5.10", reason="0.5.10 backports")
 
@@ -26,9 +26,7 @@ EXTEND, START = [4, 5, 6], [0, 5, 3]
 
 
 def inputs():
-    gen = torch.Generator().manual_seed(7)
-    h = torch.randn(15, 8, generator=gen)
-    aux = [torch.randn(15, 8, generator=gen) for _ in range(3)]
+    h, _, aux = make_states(EXTEND, 7, torch.float32, 8, False, "list", 3)
     return h, aux
 
 

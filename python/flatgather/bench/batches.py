@@ -94,6 +94,46 @@ def forward_metadata(
     )
 
 
+def make_states(extend, seed, dtype, hidden, before_norm, aux_kind, layers, pad=0, device=None):
+    """``hidden_states``, the before-norm states (or None) and the aux layers
+    of a batch: ``aux_kind`` "none" (None), "empty-list", "list" (``layers``
+    tensors) or "packed" (one tensor ``layers`` times as wide). ``pad``
+    padding rows past the tokens are full of NaN: a read of them shows.
+    ``seed``: an int, or a ``torch.Generator`` to draw on."""
+    gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
+    tokens = sum(extend)
+
+    def tensor(width):
+        t = torch.randn(tokens + pad, width, generator=gen)
+        t[tokens:] = float("nan")
+        return t.to(dtype=dtype, device=device)
+
+    h = tensor(hidden)
+    b = tensor(hidden) if before_norm else None
+    if aux_kind == "none":
+        aux = None
+    elif aux_kind == "empty-list":
+        aux = []
+    elif aux_kind == "list":
+        aux = [tensor(hidden) for _ in range(layers)]
+    elif aux_kind == "packed":
+        aux = tensor(hidden * layers)
+    else:
+        raise ValueError(f"unknown aux kind {aux_kind!r}")
+    return h, b, aux
+
+
+def make_forward_inputs(
+    extend, seed, vocab, dtype, hidden, before_norm, aux_kind, layers, pad=0, device=None
+):
+    """``input_ids`` (on the host, one per token, below ``vocab``), then
+    :func:`make_states`, drawn in that order from one generator."""
+    gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, vocab, (sum(extend),), generator=gen)
+    states = make_states(extend, gen, dtype, hidden, before_norm, aux_kind, layers, pad, device)
+    return (input_ids, *states)
+
+
 def output_fields(output) -> dict:
     """Every field of a ``LogitsProcessorOutput``, by name."""
     return {f.name: getattr(output, f.name) for f in dataclasses.fields(output)}

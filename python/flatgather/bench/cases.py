@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from flatgather.bench.batches import make_states
+
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -97,20 +99,10 @@ class Inputs:
 
 def make_inputs(shape: Shape, max_tokens: int, device: torch.device) -> Inputs:
     extend, start = lengths(shape, max_tokens)
-    rows = sum(extend)
-    gen = torch.Generator().manual_seed(shape.batch)
     dtype = DTYPES[shape.dtype]
-
-    def tensor(width: int) -> torch.Tensor:
-        return torch.randn(rows, width, generator=gen).to(dtype=dtype, device=device)
-
-    hidden = tensor(shape.hidden)
-    if shape.aux == "list":
-        aux = [tensor(shape.hidden) for _ in range(shape.layers)]
-    elif shape.aux == "packed":
-        aux = tensor(shape.hidden * shape.layers)
-    else:
-        aux = None
+    hidden, _, aux = make_states(
+        extend, shape.batch, dtype, shape.hidden, False, shape.aux, shape.layers, device=device
+    )
     return Inputs(extend, start, hidden, aux)
 
 

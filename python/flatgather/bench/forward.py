@@ -31,6 +31,7 @@ from flatgather import prune_plan
 from flatgather.bench.batches import (
     forward_metadata,
     lm_head,
+    make_forward_inputs,
     new_processor,
     output_fields,
     publish_server_args,
@@ -110,17 +111,11 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, l
     extend, start = lengths(shape, grid.max_tokens)
     rows = sum(extend)
     gen = torch.Generator().manual_seed(batch)
-    dtype = DTYPES[DTYPE]
-    device = ctx.device
-
-    def tensor(*size):
-        return torch.randn(*size, generator=gen).to(dtype=dtype, device=device)
-
-    input_ids = torch.randint(0, VOCAB, (rows,), generator=gen)
-    hidden = tensor(rows, HIDDEN)
-    layers = [tensor(rows, HIDDEN) for _ in range(LAYERS)]
-    aux = layers if aux_kind == "list" else torch.cat(layers, dim=-1)
-    head = lm_head(tensor(VOCAB, HIDDEN))
+    dtype, device = DTYPES[DTYPE], ctx.device
+    input_ids, hidden, _, aux = make_forward_inputs(
+        extend, gen, VOCAB, dtype, HIDDEN, False, aux_kind, LAYERS, device=device
+    )
+    head = lm_head(torch.randn(VOCAB, HIDDEN, generator=gen).to(dtype=dtype, device=device))
     row = {
         "batch": batch,
         "series": label,
