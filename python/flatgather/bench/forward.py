@@ -137,8 +137,11 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, l
         def call(processor=processor, md=md, ids=ids):
             return processor.forward(ids, hidden, head, md, aux_hidden_states=aux)
 
+        # Each side as it runs: stock with the release's module functions,
+        # flatgather's under the same pinning stand-in (where it needs one).
+        run = ctx.sglang.run_stock if name == "stock" else ctx.sglang.run_fg
         try:
-            results[name] = output_fields(ctx.sglang.run_stock(call) if name == "stock" else call())
+            results[name] = output_fields(run(call))
         except Exception as exc:
             if name != "stock":
                 raise
@@ -148,10 +151,10 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, l
             return row
         # The same metadata serves every timed call: a second call must
         # give the same answer.
-        again = output_fields(ctx.sglang.run_stock(call) if name == "stock" else call())
+        again = output_fields(run(call))
         if not same(again, results[name]):
             raise Mismatch(f"{name}: a second forward on the same metadata differs ({label})")
-        fns[name] = (lambda call=call: ctx.sglang.run_stock(call)) if name == "stock" else call
+        fns[name] = lambda call=call, run=run: run(call)
     for name in ("flatgather", "eager"):
         if not same(results[name], results["stock"]):
             raise Mismatch(f"{name} forward differs from SGLang's own on B={batch}, {label}")
@@ -189,7 +192,7 @@ def floor(ctx, cls, extend, start, input_ids, logprobs, hidden, head, aux):
         processor.forward(ids, hidden, head, null, aux_hidden_states=aux)
         return store(processor, hidden, None, aux, None, None, None, None, full)
 
-    return call
+    return lambda: sg.run_fg(call)
 
 
 def _constant_in_batch(measured: list[dict], key: str) -> tuple[bool, str]:
