@@ -1,13 +1,13 @@
 """Whether a result is the release's: the first place where two results
 differ, or None. The one comparison the probe, the install-time checks, the
 tests and the bench all make: types, tensor dtypes, shapes, devices,
-contiguity and bytes (NaN included), lists and dicts item by item, other
-values by equality (two NaN floats are the same value).
+contiguity (or, with ``strides``, the strides themselves) and bytes (NaN
+included), lists and dicts item by item, floats bit for bit (by ``repr``:
+``-0.0`` is not ``0.0``, two NaN are the same value), other values by
+equality.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -28,10 +28,10 @@ def describe(value) -> str:
 _SCALARS = (int, float, bool, str, type(None))
 
 
-def first_difference(actual, expected, path: str = "result") -> str | None:
+def first_difference(actual, expected, path: str = "result", strides: bool = False) -> str | None:
     """The first place where ``actual`` and ``expected`` differ in type,
-    dtype, shape, device, contiguity or bytes, as ``path: expected X, got
-    Y``; None when they are identical."""
+    dtype, shape, device, contiguity (with ``strides``: strides) or bytes, as
+    ``path: expected X, got Y``; None when they are identical."""
     if type(actual) is not type(expected):
         return (
             f"{path}: expected {type(expected).__name__} {describe(expected)}, "
@@ -42,6 +42,8 @@ def first_difference(actual, expected, path: str = "result") -> str | None:
             want, got = getattr(expected, attr), getattr(actual, attr)
             if got != want:
                 return f"{path}.{attr}: expected {want}, got {got}"
+        if strides and actual.stride() != expected.stride():
+            return f"{path}: expected strides {expected.stride()}, got {actual.stride()}"
         if actual.is_contiguous() != expected.is_contiguous():
             return f"{path}: expected contiguous={expected.is_contiguous()}, got the other"
         a = actual.detach().contiguous().view(-1).view(torch.uint8)
@@ -54,7 +56,7 @@ def first_difference(actual, expected, path: str = "result") -> str | None:
             return f"{path}: keys {sorted(expected)} expected, got {sorted(actual)}"
         for key in expected:
             where = f"{path}.{key}" if path else str(key)
-            found = first_difference(actual[key], expected[key], where)
+            found = first_difference(actual[key], expected[key], where, strides)
             if found:
                 return found
         return None
@@ -68,12 +70,14 @@ def first_difference(actual, expected, path: str = "result") -> str | None:
         if len(actual) != len(expected):
             return f"{path}: expected length {len(expected)}, got {len(actual)}"
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            found = first_difference(a, e, f"{path}[{i}]")
+            found = first_difference(a, e, f"{path}[{i}]", strides)
             if found:
                 return found
         return None
-    if isinstance(expected, float) and math.isnan(expected) and math.isnan(actual):
-        return None
+    if isinstance(expected, float):
+        if repr(actual) == repr(expected):  # bit for bit, any NaN alike
+            return None
+        return f"{path}: expected {expected!r}, got {actual!r}"
     if actual != expected:
         return f"{path}: expected {describe(expected)}, got {describe(actual)}"
     return None

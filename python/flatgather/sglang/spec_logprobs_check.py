@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from flatgather.sglang import source, spec_logprobs
+from flatgather.sglang.compare import first_difference
 from flatgather.sglang.patching import Patch, Prepared
 
 __all__ = ["CONSUMERS", "PRODUCERS", "prepare_consumers", "prepare_producers", "rewrite"]
@@ -107,40 +108,10 @@ _ID_CASES = (
 
 
 def difference(actual, expected, path: str = "result") -> str | None:
-    """The first place where ``actual`` and ``expected`` differ in type,
-    value (floats by ``repr``: bit for bit), tensor dtype, shape, strides,
-    device or bytes; None when they are the same."""
-    if type(actual) is not type(expected):
-        return f"{path}: expected {type(expected).__name__}, got {type(actual).__name__}"
-    if isinstance(expected, torch.Tensor):
-        for attr in ("dtype", "shape", "device"):
-            if getattr(actual, attr) != getattr(expected, attr):
-                want, got = getattr(expected, attr), getattr(actual, attr)
-                return f"{path}.{attr}: expected {want}, got {got}"
-        if actual.stride() != expected.stride():
-            return f"{path}: strides {actual.stride()}, expected {expected.stride()}"
-        a = actual.detach().contiguous().view(-1).view(torch.uint8)
-        e = expected.detach().contiguous().view(-1).view(torch.uint8)
-        return None if torch.equal(a, e) else f"{path}: other bytes"
-    if isinstance(expected, dict):
-        if actual.keys() != expected.keys():
-            return f"{path}: keys {sorted(actual)}, expected {sorted(expected)}"
-        for key in expected:
-            found = difference(actual[key], expected[key], f"{path}.{key}")
-            if found:
-                return found
-        return None
-    if isinstance(expected, (list, tuple)):
-        if len(actual) != len(expected):
-            return f"{path}: expected length {len(expected)}, got {len(actual)}"
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            found = difference(a, e, f"{path}[{i}]")
-            if found:
-                return found
-        return None
-    if repr(actual) != repr(expected):
-        return f"{path}: expected {expected!r}, got {actual!r}"
-    return None
+    """:func:`flatgather.sglang.compare.first_difference`, strides included:
+    a stage hands its rows on as views, and the next stage's copy keeps
+    their layout."""
+    return first_difference(actual, expected, path, strides=True)
 
 
 def _host(v):
