@@ -64,9 +64,11 @@ def first_difference(actual, expected, path: str = "result", strides: bool = Fal
         if (
             all(type(e) in _SCALARS for e in expected)
             and all(type(a) in _SCALARS for a in actual)
-            and actual == expected
+            and repr(actual) == repr(expected)
         ):
-            return None  # the common case, without a call per element
+            # The common case, without a call per element: the repr of these
+            # scalars tells every value apart (floats bit for bit).
+            return None
         if len(actual) != len(expected):
             return f"{path}: expected length {len(expected)}, got {len(actual)}"
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
