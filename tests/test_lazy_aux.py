@@ -132,3 +132,23 @@ def test_a_subclass_with_its_own_store_is_handed_the_pruned_aux_layers(aux_kind,
     assert_same(OwnStore.handed[0], expected[2])
     packed = expected[2] if aux_kind == "packed" else torch.cat(expected[2], -1)
     assert_same(out.hidden_states, packed[expected[3]])
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("sglang_padding", [False, True], ids=["metadata", "forward-batch"])
+def test_a_one_request_forward_takes_no_gate(monkeypatch, sglang_padding):
+    """One request has nothing lazy (the release's branch, or the eager
+    backport): its forward skips the uninstall gate and the lazy scope, and
+    is still the release's answer. Two requests go through the gate."""
+    from flatgather.sglang import installer
+
+    flatgather.sglang.install()
+    gate = installer._state.gate
+    entered = []
+    monkeypatch.setattr(gate, "enter", lambda: entered.append(1) or False)
+    for extend, start in (([5], [1]), ([3, 4], [0, 2])):
+        args = (extend, start, "LAST", "packed", 1, [0] * len(extend), [None] * len(extend), False)
+        expected = output_fields(run_forward(*args, sglang_padding=sglang_padding, stock=True))
+        got = output_fields(run_forward(*args, sglang_padding=sglang_padding))
+        assert_same(got, expected)
+    assert entered == [1], "the two-request forward alone should enter the gate"

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -255,14 +256,42 @@ def lazy_scope(gate: LazyGate) -> Iterator[None]:
         gate.leave()
 
 
+def _metadata_position(original: Callable) -> int | None:
+    """Where ``logits_metadata`` stands among ``forward``'s positional
+    arguments after ``self``; None when the release's signature has no such
+    parameter (then every forward is counted)."""
+    try:
+        names = list(inspect.signature(original).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("logits_metadata") - 1 if "logits_metadata" in names[1:] else None
+
+
+def _one_request(args: tuple, kwargs: dict, position: int | None) -> bool:
+    """Whether a forward's metadata names at most one request: then no
+    plan is made (the release's own branch runs) and nothing is lazy."""
+    if position is None:
+        return False
+    metadata = args[position] if len(args) > position else kwargs.get("logits_metadata")
+    lens = getattr(metadata, "extend_seq_lens_cpu", None)
+    return isinstance(lens, list) and len(lens) < _MIN_REQUESTS
+
+
 def make_forward(original: Callable, gate: LazyGate) -> Callable:
     """``forward`` marking its extent, so lazy aux pruning applies there alone."""
+    position = _metadata_position(original)
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
         # Compiled code sees the release's forward as is: no context variable,
-        # no lock, so Dynamo neither breaks the graph nor guards on us.
-        if torch.compiler.is_compiling() or not gate.enter():
+        # no lock, so Dynamo neither breaks the graph nor guards on us. A
+        # one-request batch has nothing lazy either (it is pruned eagerly,
+        # or by the release's own branch), so it skips the gate too.
+        if (
+            torch.compiler.is_compiling()
+            or _one_request(args, kwargs, position)
+            or not gate.enter()
+        ):
             return original(self, *args, **kwargs)
         token = _lazy_scope.set(gate)
         try:
@@ -289,7 +318,7 @@ def make_hidden_states_to_store(original: Callable) -> Callable:
         sample_indices,
         logits_metadata,
     ):
-        if not torch.compiler.is_compiling() and isinstance(aux_pruned_states, LazyAuxPruned):
+        if type(aux_pruned_states) is LazyAuxPruned and not torch.compiler.is_compiling():
             aux_pruned_states, sample_indices = aux_pruned_states.resolve(
                 logits_metadata.capture_hidden_mode, sample_indices
             )
