@@ -368,3 +368,26 @@ def test_the_spec_logprobs_section_is_flat_and_matches_stock(tiny, tmp_path, cap
         mine = [r for r in rows if r["series"] == series]
         assert len({(r["aten_ops"]["flatgather"], r["syncs"]["flatgather"]) for r in mine}) == 1
         assert mine[-1]["syncs"]["stock"] > mine[-1]["syncs"]["flatgather"]
+
+
+def test_a_scoped_function_pays_its_scope_once_per_sample():
+    """The stock side's scope (the release's module functions swapped back)
+    is entered around each timed sample, not each call; a plain call enters
+    it every time."""
+    import contextlib
+
+    from flatgather.bench.stats import Scoped, measure_side_by_side
+
+    entered, calls = [], []
+
+    @contextlib.contextmanager
+    def scope():
+        entered.append(1)
+        yield
+
+    fn = Scoped(lambda: calls.append(1), scope)
+    fn()
+    assert (len(entered), len(calls)) == (1, 1)
+    entered.clear(), calls.clear()
+    measure_side_by_side({"f": fn}, samples=3, warmup_s=0.0, sample_s=1e-4)
+    assert len(calls) > 3 * len(entered) >= 3

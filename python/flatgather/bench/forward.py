@@ -38,6 +38,7 @@ from flatgather.bench.batches import (
 )
 from flatgather.bench.cases import DTYPES, Shape, lengths
 from flatgather.bench.sections import SECTIONS, Case, Planned
+from flatgather.bench.stats import Scoped
 from flatgather.bench.timing import Context, Mismatch, same
 
 SECTION = SECTIONS["forward"]
@@ -139,9 +140,10 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, l
 
         # Each side as it runs: stock with the release's module functions,
         # flatgather's under the same pinning stand-in (where it needs one).
-        run = ctx.sglang.run_stock if name == "stock" else ctx.sglang.run_fg
+        scope = ctx.sglang.stock_scope if name == "stock" else ctx.sglang.fg_scope
+        run = Scoped(call, scope)
         try:
-            results[name] = output_fields(run(call))
+            results[name] = output_fields(run())
         except Exception as exc:
             if name != "stock":
                 raise
@@ -151,10 +153,10 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, l
             return row
         # The same metadata serves every timed call: a second call must
         # give the same answer.
-        again = output_fields(run(call))
+        again = output_fields(run())
         if not same(again, results[name]):
             raise Mismatch(f"{name}: a second forward on the same metadata differs ({label})")
-        fns[name] = lambda call=call, run=run: run(call)
+        fns[name] = run
     for name in ("flatgather", "eager"):
         if not same(results[name], results["stock"]):
             raise Mismatch(f"{name} forward differs from SGLang's own on B={batch}, {label}")
@@ -192,7 +194,7 @@ def floor(ctx, cls, extend, start, input_ids, logprobs, hidden, head, aux):
         processor.forward(ids, hidden, head, null, aux_hidden_states=aux)
         return store(processor, hidden, None, aux, None, None, None, None, full)
 
-    return lambda: sg.run_fg(call)
+    return Scoped(call, sg.fg_scope)
 
 
 def _constant_in_batch(measured: list[dict], key: str) -> tuple[bool, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -109,21 +110,29 @@ class SGLang:
     def fg_pruned_states(self, hidden, before_norm, aux, md):
         return self.run_fg(lambda: self.fg_pruned(None, hidden, before_norm, aux, md))
 
-    def run_fg(self, fn):
-        """``fn()`` with flatgather installed, under the same pinning
-        stand-in as the stock side where the release needs one: where
-        flatgather hands a batch to the release's own code (one request),
-        that code pins unconditionally on some releases."""
+    @contextlib.contextmanager
+    def fg_scope(self):
+        """Where flatgather's side runs: under the same pinning stand-in as
+        the stock side where the release needs one (flatgather hands
+        one-request batches to the release's own code, which pins
+        unconditionally on some releases)."""
         with within(self._no_pin):
+            yield
+
+    @contextlib.contextmanager
+    def stock_scope(self):
+        """Where the release's side runs: the module-level functions
+        ``install()`` replaced are the release's own, and pinning as on
+        flatgather's side."""
+        with self.fs.module_functions_as_shipped(), within(self._no_pin):
+            yield
+
+    def run_fg(self, fn):
+        with self.fg_scope():
             return fn()
 
     def run_stock(self, fn):
-        """``fn()`` as the release runs it: the module-level functions
-        ``install()`` replaced are the release's own for its duration."""
-        with (
-            self.fs.module_functions_as_shipped(),
-            within(self._no_pin),
-        ):
+        with self.stock_scope():
             return fn()
 
     def stock_notes(self) -> list[str]:

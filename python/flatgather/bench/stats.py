@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -98,13 +99,35 @@ def spans_one(r: dict) -> bool:
     return r["low"] <= 1.0 <= r["high"]
 
 
+@dataclass(frozen=True)
+class Scoped:
+    """``fn``, to run inside ``scope()`` (a context manager factory): a call
+    enters the scope around ``fn``; a timed sample enters it once around all
+    of its calls, so that what the scope costs is not timed."""
+
+    fn: Callable[[], object]
+    scope: Callable[[], AbstractContextManager]
+
+    def __call__(self) -> object:
+        with self.scope():
+            return self.fn()
+
+
+def _sample(clock: Clock, fn: Callable[[], object], k: int) -> float:
+    """``clock(fn, k)``, a :class:`Scoped` function inside its scope."""
+    if isinstance(fn, Scoped):
+        with fn.scope():
+            return clock(fn.fn, k)
+    return clock(fn, k)
+
+
 def calibrate(fn: Callable[[], object], clock: Clock, warmup_s: float, sample_s: float) -> int:
     """Warm ``fn`` up for ``warmup_s`` and return the calls per sample that
     make one sample last about ``sample_s``."""
     deadline = time.perf_counter() + warmup_s
-    per_call = clock(fn, 1)
+    per_call = _sample(clock, fn, 1)
     while time.perf_counter() < deadline:
-        per_call = min(per_call, clock(fn, 1))
+        per_call = min(per_call, _sample(clock, fn, 1))
     return max(1, int(sample_s / max(per_call, 1e-9)))
 
 
@@ -126,6 +149,6 @@ def measure_side_by_side(
     for r in range(samples):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            per_call[name].append(clock(fns[name], iterations[name]))
+            per_call[name].append(_sample(clock, fns[name], iterations[name]))
     rng = np.random.default_rng(seed)
     return {name: summarize(per_call[name], iterations[name], rng) for name in names}
