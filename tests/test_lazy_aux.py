@@ -147,7 +147,7 @@ def test_a_one_request_forward_takes_no_gate(monkeypatch, sglang_padding):
     entered = []
     monkeypatch.setattr(gate, "enter", lambda: entered.append(1) or False)
     for extend, start in (([5], [1]), ([3, 4], [0, 2])):
-        args = (extend, start, "LAST", "packed", 1, [0] * len(extend), [None] * len(extend), False)
+        args = (extend, start, "NULL", "list", 1, [0] * len(extend), [None] * len(extend), False)
         expected = output_fields(run_forward(*args, sglang_padding=sglang_padding, stock=True))
         got = output_fields(run_forward(*args, sglang_padding=sglang_padding))
         assert_same(got, expected)
