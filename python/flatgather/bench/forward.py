@@ -139,7 +139,8 @@ def measure(ctx: Context, grid: Grid, classes, batch, mean, capture, aux_kind, l
             return processor.forward(ids, hidden, head, md, aux_hidden_states=aux)
 
         # Each side as it runs: stock with the release's module functions,
-        # flatgather's under the same pinning stand-in (where it needs one).
+        # flatgather's under the same pinning stand-in (where it needs one);
+        # the scope is entered once per timed sample, outside the time.
         scope = ctx.sglang.stock_scope if name == "stock" else ctx.sglang.fg_scope
         run = Scoped(call, scope)
         try:
