@@ -108,7 +108,8 @@ class SGLang:
             return self._stock_pruned(None, hidden, before_norm, aux, md)
 
     def fg_pruned_states(self, hidden, before_norm, aux, md):
-        return self.run_fg(lambda: self.fg_pruned(None, hidden, before_norm, aux, md))
+        with self.fg_scope():
+            return self.fg_pruned(None, hidden, before_norm, aux, md)
 
     @contextlib.contextmanager
     def fg_scope(self):
@@ -126,14 +127,6 @@ class SGLang:
         flatgather's side."""
         with self.fs.module_functions_as_shipped(), within(self._no_pin):
             yield
-
-    def run_fg(self, fn):
-        with self.fg_scope():
-            return fn()
-
-    def run_stock(self, fn):
-        with self.stock_scope():
-            return fn()
 
     def stock_notes(self) -> list[str]:
         return list(self._notes)
