@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 from flatgather import _import_hooks
+
+# The names the package exports from here: its list, written once there.
+from flatgather.sglang import __all__ as __all__
 from flatgather.sglang import (
     draft_prefill,
     input_logprobs_check,
@@ -50,19 +53,6 @@ from flatgather.sglang.pruned_states import (
     make_pruned_states,
 )
 from flatgather.sglang.releases import sglang_release
-
-__all__ = [
-    "SUPPORTED_RELEASES",
-    "Contract",
-    "InstallReport",
-    "UnsupportedRelease",
-    "install",
-    "installed_report",
-    "is_installed",
-    "module_functions_as_shipped",
-    "sglang_release",
-    "uninstall",
-]
 
 log = logging.getLogger("flatgather")
 
