@@ -361,8 +361,27 @@ def _lazy_store(gate, pruned_states, processor, h, b, aux, md):
         return _outcome(store, processor, h, b, aux, *result[:4], md)
 
 
-# The lazy check's batches: the seed batch, and 32 requests of every kind.
-LAZY_BATCHES = (BATCHES[0], ([6] * 32, [0, 3, 6, 5] * 8))
+# The lazy check's batches: the seed batch, 32 requests of every kind, and
+# one request (its sampled row sliced, not gathered).
+LAZY_BATCHES = (BATCHES[0], ([6] * 32, [0, 3, 6, 5] * 8), ([6], [2]))
+
+
+def _stored_difference(actual, expected, inputs, where: str) -> str | None:
+    """:func:`first_difference`, and where the release's store makes a
+    tensor of its own, flatgather's must not share memory with the inputs."""
+    found = first_difference(actual, expected, where)
+    if found:
+        return found
+    memory = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+    memory.discard(0)
+
+    def aliases(outcome) -> bool:
+        value = outcome[1]
+        return isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in memory
+
+    if aliases(actual) and not aliases(expected):
+        return f"{where}: shares memory with the inputs, where the release's is a tensor of its own"
+    return None
 
 
 def _check_lazy(release: _Release, contract: Contract) -> tuple[str | None, str | None]:
@@ -401,16 +420,17 @@ def _check_lazy(release: _Release, contract: Contract) -> tuple[str | None, str 
         )
 
         inputs = (h, b, aux, release.metadata(extend, start, capture))
+        tensors = [h, b, *(aux if isinstance(aux, list) else [aux])]
         if capture == "FULL" and full_problem is None:
-            found = first_difference(
-                _lazy_store(gate, lazy[True], processor, *inputs), expected, where
+            found = _stored_difference(
+                _lazy_store(gate, lazy[True], processor, *inputs), expected, tensors, where
             )
             if found is None:
                 continue
             full_problem = f"the release's FULL store reads the pruned aux layers: {found}"
             inputs = (*inputs[:3], release.metadata(extend, start, capture))
-        found = first_difference(
-            _lazy_store(gate, lazy[False], processor, *inputs), expected, where
+        found = _stored_difference(
+            _lazy_store(gate, lazy[False], processor, *inputs), expected, tensors, where
         )
         if found:
             return found, full_problem or found

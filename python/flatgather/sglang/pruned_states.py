@@ -36,10 +36,10 @@ forwards in flight to leave, and only then restores the originals.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import inspect
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -120,31 +120,42 @@ def uses_release_code(metadata) -> bool:
     return route == "release" or (route == "extend" and not metadata.extend_return_logprob)
 
 
-_MIN_REQUESTS = 2
-"""Below this many requests the release's own branch runs (but where it
-drops the aux layers, before SGLang PR #21589): with one request it has no
-loop to remove, and the whole forward measured no faster with the plan
-(1 thread, CPU)."""
-
-
-def _check_rows(name: str, tensor: torch.Tensor, tokens: int) -> None:
-    rows = tensor.shape[0]
-    if rows < tokens:
-        raise PlanError(
-            f"{name} has {rows} rows, but the batch has {tokens} tokens", "too_few_rows"
-        )
+def _check_rows(hidden_states, hidden_states_before_norm, aux_hidden_states, tokens: int) -> None:
+    """Raise :class:`PlanError` naming the first tensor with fewer rows than
+    the batch has tokens."""
+    named = [("hidden_states", hidden_states)]
+    if hidden_states_before_norm is not None:
+        named.append(("hidden_states_before_norm", hidden_states_before_norm))
+    if isinstance(aux_hidden_states, torch.Tensor):
+        named.append(("aux_hidden_states", aux_hidden_states))
+    elif aux_hidden_states is not None:
+        named += [(f"aux_hidden_states[{j}]", t) for j, t in enumerate(aux_hidden_states)]
+    for name, tensor in named:
+        rows = tensor.shape[0]
+        if rows < tokens:
+            raise PlanError(
+                f"{name} has {rows} rows, but the batch has {tokens} tokens", "too_few_rows"
+            )
 
 
 def _lazy_pays(logits_metadata, plan, lazy_full: bool) -> bool:
     """Whether gathering the aux layers lazily saves work: always under NULL
-    capture (nothing is read), under LAST when the batch keeps more rows than
-    it samples (else the lazy gather costs one index_select more), and under
-    FULL where the probe saw the release's store read no pruned aux row
-    (``lazy_full``)."""
+    capture (nothing is read), under LAST for one request (its sampled row is
+    a slice) or when the batch keeps more rows than it samples (else the lazy
+    gather costs one index_select more), and under FULL where the probe saw
+    the release's store read no pruned aux row (``lazy_full``)."""
     mode = logits_metadata.capture_hidden_mode
     if mode.is_full():
         return lazy_full
-    return plan.num_pruned > plan.batch_size if mode.need_capture() else True
+    if not mode.need_capture():
+        return True
+    return plan.batch_size == 1 or plan.num_pruned > plan.batch_size
+
+
+def _copy_rows(tensor: torch.Tensor, rows: slice) -> torch.Tensor:
+    """``tensor[rows]`` as a tensor of its own, made as the release makes
+    one request's pruned states: a ``torch.cat`` of its one slice."""
+    return torch.cat([tensor[rows]])
 
 
 def _gather_aux(aux, index: torch.Tensor):
@@ -165,10 +176,13 @@ class LazyAuxPruned:
     as aux layers (indexing, iteration, ``len``, truth, attribute access, a
     torch function) raises :class:`LazyAuxRead`."""
 
-    __slots__ = ("aux", "gather", "sample")
+    __slots__ = ("aux", "gather", "last", "sample")
 
-    def __init__(self, aux, gather: torch.Tensor, sample: torch.Tensor) -> None:
-        self.aux, self.gather, self.sample = aux, gather, sample
+    def __init__(
+        self, aux, gather: torch.Tensor | None, sample: torch.Tensor | None, last: int = -1
+    ) -> None:
+        # gather None: one request, whose sampled row is aux row ``last``.
+        self.aux, self.gather, self.sample, self.last = aux, gather, sample, last
 
     def resolve(self, capture_hidden_mode, sample_indices):
         """The ``(aux_pruned_states, sample_indices)`` to hand to the
@@ -177,12 +191,28 @@ class LazyAuxPruned:
         if not capture_hidden_mode.need_capture():
             return None, sample_indices  # never read
         if capture_hidden_mode.is_last():
+            if self.gather is None:
+                return self._last_row(), None
             # pack(aux[gather])[sample] == pack(aux[gather[sample]]): gather
             # the B sampled rows only, already in order, so no re-indexing.
             return _gather_aux(self.aux, self.gather.index_select(0, self.sample)), None
         # FULL: created only where the probe saw the release's store leave it
         # untouched (it stores the unpruned layers), so it is handed on as is.
         return self, sample_indices
+
+    def _last_row(self):
+        """One request's sampled row of every layer. The store packs two or
+        more list layers into a new tensor (``torch.cat`` along the last
+        dimension), so they are handed on as slices; a packed tensor or a
+        single layer it stores as handed, so those are copied (the probe
+        checks that what is stored shares no memory with the inputs)."""
+        rows = slice(self.last, self.last + 1)
+        aux = self.aux
+        if isinstance(aux, torch.Tensor):
+            return _copy_rows(aux, rows)
+        if len(aux) < 2:
+            return [_copy_rows(layer, rows) for layer in aux]
+        return [layer[rows] for layer in aux]
 
     def _refuse(self, *args, **kwargs):
         raise LazyAuxRead("the pruned aux layers were read where flatgather gathered none")
@@ -194,51 +224,68 @@ class LazyAuxPruned:
         raise LazyAuxRead(f"{func} was called on pruned aux layers flatgather did not gather")
 
 
-_lazy_scope: contextvars.ContextVar[LazyGate | None] = contextvars.ContextVar(
-    "flatgather_lazy_scope", default=None
-)
+_scope = threading.local()
+"""The gate of the forward the calling thread runs inside (``gate``), if
+any. A thread-local rather than a context variable: after a context
+variable is set, every read of any context variable misses its cache, and
+SGLang's forward reads its own (0.5.23's ``runtime_context``); measured in a
+one-request forward, 1 thread, CPU: about 3 us with a context variable,
+0.5 us with the thread-local."""
+
+
+def _current_gate() -> LazyGate | None:
+    return getattr(_scope, "gate", None)
 
 
 class LazyGate:
     """The forwards of one installation that may create a
-    :class:`LazyAuxPruned`, counted so that ``uninstall()`` can wait for them."""
+    :class:`LazyAuxPruned`, counted so that ``uninstall()`` can wait for them.
+
+    A forward takes nothing but an ``append`` and a ``pop`` on a list (each
+    atomic): it enters only while the gate is open, and it checks again after
+    counting itself, so ``close()``, which shuts the gate before it looks,
+    either sees it counted or sees it back out."""
+
+    _POLL_SECONDS = 0.0005
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
         self._open = True
+        self._inflight: list[None] = []
+        self._lock = threading.Lock()
         self._closers = 0
-        self._inflight = 0
 
     def enter(self) -> bool:
-        with self._cond:
-            if not self._open:
-                return False
-            self._inflight += 1
-            return True
+        if not self._open:
+            return False
+        self._inflight.append(None)
+        if not self._open:  # closed meanwhile: the closer may have looked already
+            self._inflight.pop()
+            return False
+        return True
 
     def leave(self) -> None:
-        with self._cond:
-            self._inflight -= 1
-            # Only close() waits, and it shuts the gate first.
-            if self._inflight == 0 and not self._open:
-                self._cond.notify_all()
+        self._inflight.pop()
 
     def current(self) -> bool:
         """Whether the caller runs inside a forward counted by this gate."""
-        return _lazy_scope.get() is self
+        return _current_gate() is self
 
     def close(self, timeout: float | None = None) -> bool:
         """Let no new forward in, then wait for those in flight to leave.
         On timeout False is returned, and the gate opens again unless
         another caller is still closing it."""
-        with self._cond:
+        with self._lock:
             self._open = False
             self._closers += 1
-            if self._cond.wait_for(lambda: self._inflight == 0, timeout):
-                return True
-            self._closers -= 1
-            self._open = self._closers == 0
-            return False
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._inflight:
+            if deadline is not None and time.monotonic() >= deadline:
+                with self._lock:
+                    self._closers -= 1
+                    self._open = self._closers == 0
+                return False
+            time.sleep(self._POLL_SECONDS)
+        return True
 
 
 @contextlib.contextmanager
@@ -248,56 +295,66 @@ def lazy_scope(gate: LazyGate) -> Iterator[None]:
     if not gate.enter():
         yield
         return
-    token = _lazy_scope.set(gate)
+    outer = _current_gate()
+    _scope.gate = gate
     try:
         yield
     finally:
-        _lazy_scope.reset(token)
+        _scope.gate = outer
         gate.leave()
 
 
-def _metadata_position(original: Callable) -> int | None:
-    """Where ``logits_metadata`` stands among ``forward``'s positional
-    arguments after ``self``; None when the release's signature has no such
-    parameter (then every forward is counted)."""
+def _position(original: Callable, name: str) -> int | None:
+    """Where parameter ``name`` stands among ``forward``'s positional
+    arguments after ``self``; None when the release's signature has none."""
     try:
         names = list(inspect.signature(original).parameters)
     except (TypeError, ValueError):
         return None
-    return names.index("logits_metadata") - 1 if "logits_metadata" in names[1:] else None
+    return names.index(name) - 1 if name in names[1:] else None
 
 
-def _one_request(args: tuple, kwargs: dict, position: int | None) -> bool:
-    """Whether a forward's metadata names at most one request: then no
-    plan is made (the release's own branch runs) and nothing is lazy."""
-    if position is None:
+def _argument(args: tuple, kwargs: dict, position: int, name: str):
+    return args[position] if len(args) > position else kwargs.get(name)
+
+
+def _nothing_lazy(args: tuple, kwargs: dict, metadata_at: int | None, aux_at: int | None) -> bool:
+    """Whether a forward can create no :class:`LazyAuxPruned`: it has no aux
+    layers and its metadata names at most one request (a batch of several
+    requests without aux layers is still counted, as every forward is where
+    the release's signature is not the one known)."""
+    if metadata_at is None or aux_at is None:
         return False
-    metadata = args[position] if len(args) > position else kwargs.get("logits_metadata")
+    if _argument(args, kwargs, aux_at, "aux_hidden_states") is not None:
+        return False
+    metadata = _argument(args, kwargs, metadata_at, "logits_metadata")
     lens = getattr(metadata, "extend_seq_lens_cpu", None)
-    return isinstance(lens, list) and len(lens) < _MIN_REQUESTS
+    return isinstance(lens, list) and len(lens) < 2
 
 
 def make_forward(original: Callable, gate: LazyGate) -> Callable:
     """``forward`` marking its extent, so lazy aux pruning applies there alone."""
-    position = _metadata_position(original)
+    metadata_at = _position(original, "logits_metadata")
+    aux_at = _position(original, "aux_hidden_states")
 
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
         # Compiled code sees the release's forward as is: no context variable,
         # no lock, so Dynamo neither breaks the graph nor guards on us. A
-        # one-request batch has nothing lazy either (it is pruned eagerly,
-        # or by the release's own branch), so it skips the gate too.
+        # one-request forward without aux layers has nothing lazy, so it
+        # skips the gate too.
         if (
             torch.compiler.is_compiling()
-            or _one_request(args, kwargs, position)
+            or _nothing_lazy(args, kwargs, metadata_at, aux_at)
             or not gate.enter()
         ):
             return original(self, *args, **kwargs)
-        token = _lazy_scope.set(gate)
+        outer = _current_gate()
+        _scope.gate = gate
         try:
             return original(self, *args, **kwargs)
         finally:
-            _lazy_scope.reset(token)
+            _scope.gate = outer
             gate.leave()
 
     return forward
@@ -356,13 +413,9 @@ def make_pruned_states(
         """The batch's plan, or None where the release's own code runs."""
         if torch.compiler.is_compiling() or uses_release_code(logits_metadata):
             return None
-        lens = logits_metadata.extend_seq_lens_cpu
-        backport = isinstance(aux_hidden_states, list) and not contract.prunes_aux
-        if isinstance(lens, (list, tuple)) and len(lens) < _MIN_REQUESTS and not backport:
-            return None  # one request: a slice and a cat per tensor, no loop to save
         if isinstance(aux_hidden_states, torch.Tensor) and not contract.packed_aux:
             return None  # a packed tensor this release does not know
-        if hidden_states.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if hidden_states.is_cuda and torch.cuda.is_current_stream_capturing():
             # A CUDA graph must not capture a copy from our reused host buffers.
             return None
         try:
@@ -386,33 +439,53 @@ def make_pruned_states(
                 self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
             )
         packed = isinstance(aux_hidden_states, torch.Tensor)
-        device = hidden_states.device
-        named = [("hidden_states", hidden_states)]
+        tensors = [hidden_states]
         if hidden_states_before_norm is not None:
-            named.append(("hidden_states_before_norm", hidden_states_before_norm))
+            tensors.append(hidden_states_before_norm)
         if packed:
-            named.append(("aux_hidden_states", aux_hidden_states))
+            tensors.append(aux_hidden_states)
         elif aux_hidden_states is not None:
-            named += [(f"aux_hidden_states[{j}]", t) for j, t in enumerate(aux_hidden_states)]
-        if any(t.dim() == 0 for _, t in named):
-            # No rows to slice: the release's code fails its own way.
-            return original(
-                self, hidden_states, hidden_states_before_norm, aux_hidden_states, logits_metadata
-            )
-        for name, tensor in named:
-            _check_rows(name, tensor, plan.num_tokens)
+            tensors += aux_hidden_states
+        tokens = plan.num_tokens
+        for tensor in tensors:
+            if tensor.dim() == 0 or tensor.shape[0] < tokens:
+                # No rows to slice (the release's code fails its own way), or
+                # too few: said in the order of the release's arguments.
+                if any(t.dim() == 0 for t in tensors):
+                    return original(
+                        self,
+                        hidden_states,
+                        hidden_states_before_norm,
+                        aux_hidden_states,
+                        logits_metadata,
+                    )
+                _check_rows(hidden_states, hidden_states_before_norm, aux_hidden_states, tokens)
+        device = hidden_states.device
+        if plan.batch_size == 1:
+            # One request keeps one run of rows: copied as the release copies
+            # it, and its index sets (two ranges) made on the device, with no
+            # host-to-device copy.
+            rows = slice(plan.num_tokens - plan.num_pruned, plan.num_tokens)
+            gather = None
+            sample_indices = torch.arange(plan.num_pruned - 1, plan.num_pruned, device=device)
+            input_logprob_indices = torch.arange(plan.num_input_logprob, device=device)
 
-        index = stage(
-            plan.buffer_len(False), functools.partial(plan.fill, token_to_seq=False), device
-        )
-        gather, sample_indices, input_logprob_indices = index.split_with_sizes(
-            (plan.num_pruned, plan.batch_size, plan.num_input_logprob)
-        )
-        pruned_states = hidden_states.index_select(0, gather)
+            def take(tensor):
+                return _copy_rows(tensor, rows)
+        else:
+            index = stage(
+                plan.buffer_len(False), functools.partial(plan.fill, token_to_seq=False), device
+            )
+            gather, sample_indices, input_logprob_indices = index.split_with_sizes(
+                (plan.num_pruned, plan.batch_size, plan.num_input_logprob)
+            )
+
+            def take(tensor):
+                return tensor.index_select(0, gather)
+
+        pruned_states = take(hidden_states)
         pruned_states_before_norm = (
-            None
-            if hidden_states_before_norm is None
-            else hidden_states_before_norm.index_select(0, gather)
+            None if hidden_states_before_norm is None else take(hidden_states_before_norm)
         )
         if aux_hidden_states is None:
             aux_pruned_states = None
@@ -424,9 +497,13 @@ def make_pruned_states(
             and getattr(type(self), "_get_hidden_states_to_store", None) is store
             and _lazy_pays(logits_metadata, plan, lazy_full)
         ):
-            aux_pruned_states = LazyAuxPruned(aux_hidden_states, gather, sample_indices)
+            aux_pruned_states = LazyAuxPruned(
+                aux_hidden_states, gather, sample_indices, plan.num_tokens - 1
+            )
+        elif packed:
+            aux_pruned_states = take(aux_hidden_states)
         else:
-            aux_pruned_states = _gather_aux(aux_hidden_states, gather)
+            aux_pruned_states = [take(layer) for layer in aux_hidden_states]
 
         if contract.writes_cpu_indices:
             logits_metadata.sample_indices_cpu = plan.sample_list()
