@@ -206,7 +206,7 @@ def test_only_a_forward_that_can_be_lazy_takes_the_gate(monkeypatch, sglang_padd
     }
     for name, (extend, start, aux_kind, gated) in cases.items():
         entered.clear()
-        args = (extend, start, "LAST", aux_kind, 1, [0] * len(extend), [None] * len(extend), False)
+        args = (extend, start, "NULL", aux_kind, 1, [0] * len(extend), [None] * len(extend), False)
         expected = output_fields(run_forward(*args, sglang_padding=sglang_padding, stock=True))
         got = output_fields(run_forward(*args, sglang_padding=sglang_padding))
         assert_same(got, expected)
