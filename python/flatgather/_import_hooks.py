@@ -4,7 +4,11 @@ A finder placed first on ``sys.meta_path`` asks the other finders for the
 module's spec and wraps its loader, so that the callback runs on the fresh
 module once its code has executed, before the importer gets it back. Nothing
 is imported early, and a module that is already imported gets the callback at
-once. Used by the ``FLATGATHER_SGLANG`` switch, and for the modules of SGLang
+once. A module that is in ``sys.modules`` but still running its own code
+(an import cycle: it imported, directly or not, the module whose import
+asked for the callback) is not whole yet: its callback waits until its code
+has finished, and runs at the next import after that. Used by the
+``FLATGATHER_SGLANG`` switch, and for the modules of SGLang
 that cannot (or need not) be imported when flatgather is installed, such as
 0.5.10's ``eagle_worker_v2``, which needs the GPU-only ``sgl_kernel``.
 
@@ -40,12 +44,21 @@ class _Loader:
         return getattr(self._inner, name)
 
 
+def _initializing(module) -> bool:
+    """Whether ``module``'s code is still running (importlib marks its spec
+    while it executes)."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
 class _Finder:
     def __init__(self) -> None:
         self._callbacks: dict[str, list[Callback]] = {}
+        self._half_imported: set[str] = set()
         self._lock = _thread.RLock()
 
     def find_spec(self, fullname, path, target=None):
+        if self._half_imported:
+            self._fire_finished()
         if fullname not in self._callbacks:
             return None
         for finder in sys.meta_path:
@@ -74,6 +87,24 @@ class _Finder:
             if not callbacks:
                 self._callbacks.pop(name, None)
 
+    def wait_for(self, name: str) -> None:
+        """``name`` is half-imported: fire its callbacks once it is whole."""
+        with self._lock:
+            self._half_imported.add(name)
+
+    def _fire_finished(self) -> None:
+        with self._lock:
+            finished = []
+            for name in list(self._half_imported):
+                module = sys.modules.get(name)
+                if module is None:  # its import failed; a new one fires normally
+                    self._half_imported.discard(name)
+                elif not _initializing(module):
+                    self._half_imported.discard(name)
+                    finished.append(module)
+        for module in finished:
+            self.fire(module)
+
     def fire(self, module) -> None:
         with self._lock:
             callbacks = list(self._callbacks.get(module.__name__, ()))
@@ -97,14 +128,17 @@ def _ensure_installed() -> None:
 
 def when_imported(name: str, callback: Callback) -> None:
     """Call ``callback(module)`` once ``name`` is imported: now if it already
-    is (exceptions then propagate), else right after its import. Registering
-    the same callback twice calls it once."""
+    is (exceptions then propagate), else right after its import, or, for a
+    module whose code is still running, at the first import after it has
+    finished. Registering the same callback twice calls it once."""
     module = sys.modules.get(name)
-    if module is not None:
+    if module is not None and not _initializing(module):
         callback(module)
         return
     _ensure_installed()
     _finder.add(name, callback)
+    if module is not None:
+        _finder.wait_for(name)
 
 
 def cancel(name: str, callback: Callback) -> None:
