@@ -12,11 +12,11 @@ stock on every real server.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import textwrap
 
 import pytest
-
 from flatgather import _import_hooks
 
 
@@ -57,12 +57,11 @@ def package(tmp_path, monkeypatch):
 
 
 def test_a_half_imported_module_gets_its_callback_once_it_is_whole(package):
-    import fg_cycle.outer  # noqa: F401
-    import fg_cycle.hook as hook
-
+    importlib.import_module("fg_cycle.outer")
+    hook = importlib.import_module("fg_cycle.hook")
     # Its import finished with no other import after it: the next import, of
     # anything, fires the callback on the whole module.
-    import fg_cycle.after  # noqa: F401
+    importlib.import_module("fg_cycle.after")
 
     assert hook.SEEN == [True]
     _import_hooks.cancel("fg_cycle.outer", hook.callback)
