@@ -40,6 +40,9 @@ def pytest_configure(config):
         "markers", "matrix: run against every release of the table, not only the full-suite ones"
     )
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+    config.addinivalue_line(
+        "markers", "engine: serves a workload on a real SGLang engine, flatgather off and on"
+    )
     expected = os.environ.get("FLATGATHER_TEST_RELEASE")
     if expected and expected != RELEASE:
         raise pytest.UsageError(

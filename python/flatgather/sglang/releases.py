@@ -62,6 +62,11 @@ class Release:
     full_suite: bool = False
     """CI runs the whole test suite against it; every release gets the
     matrix tests (``-m matrix``)."""
+    engine: tuple[str, ...] = ()
+    """The scenarios of ``tests/test_engine.py`` whose CPU engine runs on
+    this release (``plain``, ``eagle3-topk1``, ``eagle3-topk2``)."""
+    engine_note: str = ""
+    """Why the other scenarios do not run, where some do not."""
 
     @property
     def backports(self) -> tuple[str, ...]:
@@ -76,6 +81,9 @@ class Release:
             )
             if not present
         )
+
+
+ENGINE_ALL = ("plain", "eagle3-topk1", "eagle3-topk2")
 
 
 def _rows() -> tuple[Release, ...]:
@@ -122,7 +130,15 @@ def _rows() -> tuple[Release, ...]:
         Release("0.5.20", **packed, **fixed, rotation=NEW_TENSOR_MM, pins=xgrammar),
         Release("0.5.21", **latest, **fixed, rotation=NEW_TENSOR_MM),
         Release("0.5.22", **latest, **fixed, rotation=NEW_TENSOR_MM),
-        Release("0.5.23", **latest, **fixed, rotation=NEW_TENSOR_MM, full_suite=True),
+        Release(
+            "0.5.23",
+            **latest,
+            **fixed,
+            rotation=NEW_TENSOR_MM,
+            full_suite=True,
+            pins=("xgrammar==0.2.7",),  # the engine's detokenizer imports it
+            engine=ENGINE_ALL,
+        ),
     )
 
 

@@ -1,0 +1,136 @@
+"""Run the same workload on two real SGLang engines, flatgather off and on.
+
+Each side is its own ``python serve.py`` process, started the way an
+operator starts a server: flatgather is switched on or off by
+``FLATGATHER_SGLANG`` alone, and reaches the engine's spawned scheduler
+through the installed ``.pth`` line. Both sides see the same models, the same
+``sgl_kernel`` stand-in and the same harness additions (``site/``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import models
+
+HERE = Path(__file__).resolve().parent
+SITE = HERE / "site"
+SERVE = HERE / "serve.py"
+
+SPECULATIVE = {"eagle3-topk1", "eagle3-topk2"}
+SERVE_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Served:
+    answers: list
+    trace: list[str]
+    """The trace's markers, in the order of their first call."""
+    flatgather_lines: list[str]
+    """The log lines flatgather wrote (``[flatgather] ...``)."""
+    log: str
+
+
+def make_models(root: Path) -> tuple[Path, Path]:
+    target, draft = root / "target", root / "draft"
+    if not (target / "config.json").exists():
+        models.make_target(target)
+    if not (draft / "config.json").exists():
+        models.make_draft(draft)
+    return target, draft
+
+
+def release_dir() -> Path:
+    """The directory the running ``sglang`` was imported from (the release
+    under test, first on ``PYTHONPATH``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")
+    assert spec is not None and spec.origin, "no sglang importable"
+    return Path(spec.origin).parent.parent
+
+
+def environment(scenario: str, flatgather: bool, trace: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in [k for k in env if k.startswith(("FLATGATHER_", "SGLANG_", "TRITON_"))]:
+        del env[name]
+    env |= {
+        "PYTHONPATH": os.pathsep.join([str(release_dir()), str(SITE)]),
+        "SGLANG_USE_CPU_ENGINE": "1",
+        "FLATGATHER_SGLANG": "1" if flatgather else "0",
+        "FLATGATHER_ENGINE_TRACE": str(trace),
+        "PYTHONUNBUFFERED": "1",
+        # Two cores: one torch thread per process keeps the sides' timings
+        # apart and the scheduler from starving the others.
+        "OMP_NUM_THREADS": "1",
+    }
+    if scenario in SPECULATIVE:
+        # EAGLE's attention on a CPU without AMX is SGLang's Triton kernels,
+        # run by Triton's interpreter.
+        env["TRITON_INTERPRET"] = "1"
+    if scenario == "eagle3-topk1":
+        # Random draft weights accept ~1.1 tokens a step; force multi-token
+        # verify rows (SGLang allows it with real draft tokens at topk 1).
+        env |= {
+            "SGLANG_SIMULATE_ACC_LEN": "3",
+            "SGLANG_SIMULATE_ACC_TOKEN_MODE": "real-draft-token",
+        }
+    return env
+
+
+def serve(workdir: Path, models_root: Path, scenario: str, flatgather: bool, **workload) -> Served:
+    """Start an engine, serve the workload, shut it down; what it answered."""
+    target, draft = make_models(models_root)
+    side = "on" if flatgather else "off"
+    tag = f"{scenario}{'-http' if workload.get('http') else ''}-{side}"
+    out, trace = workdir / f"{tag}.json", workdir / f"{tag}.trace"
+    trace.unlink(missing_ok=True)
+    spec = {
+        "scenario": scenario,
+        "target": str(target),
+        "draft": str(draft),
+        "out": str(out),
+        **workload,
+    }
+    spec_path = workdir / f"{tag}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [sys.executable, str(SERVE), str(spec_path)],
+        env=environment(scenario, flatgather, trace),
+        capture_output=True,
+        text=True,
+        timeout=SERVE_TIMEOUT_S,
+        cwd=workdir,
+    )
+    log = proc.stdout + proc.stderr
+    (workdir / f"{tag}.log").write_text(log)
+    if proc.returncode != 0 or not out.exists():
+        tail = "\n".join(log.splitlines()[-40:])
+        raise AssertionError(f"the {side} engine failed ({proc.returncode}):\n{tail}")
+    result = json.loads(out.read_text())
+    markers = trace.read_text().splitlines() if trace.exists() else []
+    return Served(
+        answers=result["answers"],
+        trace=[m.split("\t")[0] for m in markers],
+        flatgather_lines=[line for line in log.splitlines() if line.startswith("[flatgather]")],
+        log=log,
+    )
+
+
+def first_difference(stock: list, flat: list) -> str | None:
+    """Where the two sides' answers first differ, or None."""
+    if len(stock) != len(flat):
+        return f"{len(stock)} answers with flatgather off, {len(flat)} on"
+    for i, (a, b) in enumerate(zip(stock, flat, strict=True)):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                return (
+                    f"request {i}, {key}: off {json.dumps(a.get(key))[:300]} "
+                    f"!= on {json.dumps(b.get(key))[:300]}"
+                )
+    return None

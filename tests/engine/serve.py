@@ -1,0 +1,207 @@
+"""Serve one workload on a real ``sglang.Engine`` and write what it answered.
+
+Run as a script, one process per side (``python serve.py SPEC.json``): the
+caller decides whether flatgather is on by setting ``FLATGATHER_SGLANG`` in
+this process's environment, exactly as an operator does, so the engine's
+spawned scheduler turns it on through the installed ``.pth`` line. This
+script never imports flatgather.
+
+With ``"http": true`` in the spec, the same workload goes to a server
+started as operators start one, ``python -m sglang.launch_server``, as one
+batch ``POST /generate``.
+
+The answer file holds, per request, the output ids and every logprob field
+of ``meta_info`` (floats written by ``repr``, so they compare bit for bit),
+and the markers of the engine's trace (see ``sitecustomize.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import workload  # noqa: E402
+
+KEPT = (
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "input_token_logprobs",
+    "output_token_logprobs",
+    "input_top_logprobs",
+    "output_top_logprobs",
+    "input_token_ids_logprobs",
+    "output_token_ids_logprobs",
+    "spec_verify_ct",
+    "spec_accept_length",
+)
+"""The ``meta_info`` fields compared: everything the request asked for,
+nothing that varies between runs of the same engine (ids, timings)."""
+
+SCENARIOS = {
+    # No speculative decoding: SGLang's pure-torch attention.
+    "plain": {"attention_backend": "torch_native"},
+    # EAGLE3 spec v2, one draft token per step, acceptance forced by the
+    # environment the caller sets (SGLANG_SIMULATE_ACC_LEN).
+    "eagle3-topk1": {
+        "attention_backend": "triton",
+        "speculative_algorithm": "EAGLE3",
+        "speculative_num_steps": 2,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 3,
+    },
+    "eagle3-topk2": {
+        "attention_backend": "triton",
+        "speculative_algorithm": "EAGLE3",
+        "speculative_num_steps": 2,
+        "speculative_eagle_topk": 2,
+        "speculative_num_draft_tokens": 4,
+    },
+}
+
+
+def engine_args(spec: dict) -> dict:
+    args = {
+        "model_path": spec["target"],
+        "device": "cpu",
+        "dtype": "float32",
+        "skip_tokenizer_init": True,
+        # The automatic fraction comes out negative on a CPU.
+        "mem_fraction_static": 0.05,
+        "max_total_tokens": 8192,
+        "disable_cuda_graph": True,
+        "sampling_backend": "pytorch",
+        "random_seed": 0,
+        "log_level": "info",
+        # Small chunks split the long prompts; a prefill batch holds up to
+        # four chunks' worth of tokens, so many short requests share one.
+        "chunked_prefill_size": spec.get("chunked_prefill_size", 64),
+        "max_prefill_tokens": 4 * spec.get("chunked_prefill_size", 64),
+    }
+    args |= SCENARIOS[spec["scenario"]]
+    if "speculative_algorithm" in args:
+        args["speculative_draft_model_path"] = spec["draft"]
+    return args
+
+
+def _exact(value):
+    """Floats as their repr (bit for bit, -0.0 and NaN included)."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return [_exact(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _exact(v) for k, v in value.items()}
+    return value
+
+
+def answer(out: dict) -> dict:
+    meta = out["meta_info"]
+    return _exact({"output_ids": out["output_ids"]} | {k: meta[k] for k in KEPT if k in meta})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(args: dict) -> list[str]:
+    out = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is not False:
+            out += [flag, str(value)]
+    return out
+
+
+def _post(url: str, body: dict, timeout: float):
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"{url}: {exc.code} {exc.read().decode(errors='replace')}") from None
+
+
+def serve_http(spec: dict, batch: dict) -> tuple[list, float]:
+    """Start ``python -m sglang.launch_server`` on a free loopback port,
+    send the batch as one ``POST /generate``, stop the server."""
+    # The HTTP schema takes no None in a batch's id lists; SGLang reads an
+    # empty list as None.
+    batch = batch | {"token_ids_logprob": [ids or [] for ids in batch["token_ids_logprob"]]}
+    port = _free_port()
+    args = engine_args(spec) | {"host": "127.0.0.1", "port": port}
+    started = time.perf_counter()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sglang.launch_server", *_cli(args)], start_new_session=True
+    )
+    try:
+        deadline = started + 300
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"the server exited ({server.returncode}) before it was up")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                if time.perf_counter() > deadline:
+                    raise RuntimeError("the server was not up after 300 s") from None
+                time.sleep(0.5)
+        up = time.perf_counter() - started
+        outs = _post(f"http://127.0.0.1:{port}/generate", batch, timeout=600)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    return outs, up
+
+
+def main() -> int:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    reqs = workload.requests(spec["requests"], seed=spec.get("seed", 0), **spec.get("shape", {}))
+    calls = [r.as_kwargs() for r in reqs]
+    batch = {key: [c[key] for c in calls] for key in calls[0]}
+    started = time.perf_counter()
+    if spec.get("http"):
+        outs, up = serve_http(spec, batch)
+    else:
+        import sglang
+
+        engine = sglang.Engine(**engine_args(spec))
+        up = time.perf_counter() - started
+        try:
+            outs = engine.generate(**batch)
+        finally:
+            engine.shutdown()
+    result = {
+        "answers": [answer(o) for o in outs],
+        "flatgather": os.environ.get("FLATGATHER_SGLANG", ""),
+        "startup_s": up,
+        "serve_s": time.perf_counter() - started - up,
+    }
+    Path(spec["out"]).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

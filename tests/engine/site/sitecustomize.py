@@ -1,0 +1,181 @@
+"""The engine tests' two additions to every engine process, both sides alike.
+
+1. **The tree mask the Triton backend reads.** Under the CPU engine SGLang's
+   ``eagle_utils.default_tree_mask_mode()`` picks the compact QLEN_ONLY tree
+   mask, the layout its AMX attention reads; the Triton backend (the one EAGLE
+   accepts on a CPU without AMX) reads the FULL_MASK layout, so it read past
+   the compact mask into memory nobody wrote, and two runs of the same stock
+   engine gave different speculative outputs. This module makes that function
+   answer FULL_MASK, as it does on a GPU, the moment ``eagle_utils`` is
+   imported (before anything binds the name). That is SGLang's CPU engine,
+   not flatgather: both sides get the same fix.
+2. **The trace**: which of flatgather's paths a real engine ran.
+
+This directory is on the ``PYTHONPATH`` of both sides' engines (for the
+``sgl_kernel`` stand-in beside it), so Python imports this module at the start
+of every engine process. It does nothing unless ``FLATGATHER_ENGINE_TRACE``
+names a file. Then, as each flatgather module is imported, it wraps the few
+module-level names that only flatgather's own path reaches (the Rust plan of
+each patch, the one-request copy, the lazy aux resolution, the flat output
+chain) and the methods flatgather rebuilds from the release's source; the
+first call of each appends one line, ``<marker> <pid>``, to that file.
+Nothing flatgather compares by identity is wrapped, so what it does is
+unchanged; with flatgather off, nothing is ever wrapped and the file stays
+empty.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+TRACE = os.environ.get("FLATGATHER_ENGINE_TRACE")
+
+# module -> (attribute path, marker)
+MARKERS = {
+    "flatgather.sglang.pruned_states": (
+        ("PrunePlan", "prune: flat plan (B >= 2)"),
+        ("_copy_rows", "prune: one-request copy"),
+        ("LazyAuxPruned.resolve", "prune: lazy aux resolved at the store"),
+    ),
+    "flatgather.sglang.input_logprobs": (("TokenIdsPlan", "input logprobs: token-id plan"),),
+    "flatgather.sglang.draft_rotate": (("RotationPlan", "draft prefill: flat rotation"),),
+    "flatgather.sglang.spec_logprobs": (
+        ("SpecLogprobsPlan.top_k", "output logprobs: top-k plan"),
+        ("SpecLogprobsPlan.token_ids", "output logprobs: token-id plan"),
+        ("rows_to_host", "output chain: rebuilt host-copy loop"),
+        ("rows_tolist", "output chain: rebuilt tolist loop"),
+        ("_views", "output chain: one host copy"),
+        ("_Flat.tolist", "output chain: one tolist"),
+    ),
+}
+REBUILT = {
+    "process_batch_result_prefill": "prefill results: rebuilt method",
+    "_draft_extend_for_prefill": "draft prefill: rebuilt method",
+}
+"""Methods flatgather rebuilds from the release's source, marked when its
+patch is applied (wrapped then, so its revert still finds its own object)."""
+
+_seen: set[str] = set()
+
+
+def _serving() -> bool:
+    """Whether the scheduler's event loop (``Scheduler.event_loop_*``, the
+    same name in every release) is on the stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name.startswith("event_loop"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def mark(marker: str) -> None:
+    if marker in _seen or not _serving():
+        return
+    _seen.add(marker)
+    with open(TRACE, "a") as f:
+        f.write(f"{marker}\t{os.getpid()}\n")
+
+
+def _counting(fn, marker):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        mark(marker)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class _Plan:
+    """Stands for a Rust plan class whose constructors are static methods."""
+
+    def __init__(self, cls, names: dict[str, str]) -> None:
+        self._cls = cls
+        for name, marker in names.items():
+            setattr(self, name, _counting(getattr(cls, name), marker))
+
+    def __getattr__(self, name):
+        return getattr(self._cls, name)
+
+
+def _wrap(module, markers) -> None:
+    statics: dict[str, dict[str, str]] = {}
+    for path, marker in markers:
+        owner_name, _, attr = path.rpartition(".")
+        if not owner_name:
+            setattr(module, path, _counting(getattr(module, path), marker))
+            continue
+        owner = getattr(module, owner_name)
+        if isinstance(owner, type) and owner.__module__ == module.__name__:
+            setattr(owner, attr, _counting(vars(owner)[attr], marker))
+        else:
+            statics.setdefault(owner_name, {})[attr] = marker
+    for owner_name, names in statics.items():
+        setattr(module, owner_name, _Plan(getattr(module, owner_name), names))
+
+
+def _wrap_patching(module) -> None:
+    apply = module.Patch.apply
+
+    def traced_apply(self):
+        marker = REBUILT.get(self.name)
+        if marker is not None and callable(self.new):
+            self.new = _counting(self.new, marker)
+        return apply(self)
+
+    module.Patch.apply = traced_apply
+
+
+def _full_tree_mask(module) -> None:
+    full = module.TreeMaskMode.FULL_MASK
+    module.default_tree_mask_mode = lambda: full
+
+
+EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+
+
+def _on_import(fullname: str, module) -> None:
+    if fullname == EAGLE_UTILS:
+        if hasattr(module, "default_tree_mask_mode"):
+            _full_tree_mask(module)
+    elif fullname in MARKERS:
+        _wrap(module, MARKERS[fullname])
+    else:
+        _wrap_patching(module)
+
+
+class _Finder:
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.names:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        inner = spec.loader
+
+        class Loader:
+            def create_module(self, spec):
+                return inner.create_module(spec)
+
+            def exec_module(self, module):
+                inner.exec_module(module)
+                _on_import(fullname, module)
+
+        spec.loader = Loader()
+        return spec
+
+
+_names = {EAGLE_UTILS}
+if TRACE:
+    _names |= {*MARKERS, "flatgather.sglang.patching"}
+sys.meta_path.insert(0, _Finder(_names))

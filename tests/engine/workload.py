@@ -1,0 +1,74 @@
+"""The requests the engine tests send: deterministic from a seed, and built
+to reach every path flatgather patches.
+
+Every request carries input ids (the engine runs without a tokenizer). Among
+them: prompts from 1 token to several chunks long, ``logprob_start_len`` at
+every boundary (the default, 0, 1, the middle, the last token, the length
+itself), top-k 0, 1 and 5 mixed, token-id lists ``None``, empty and ragged,
+and requests that ask for no logprobs at all.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from models import VOCAB
+
+
+@dataclass(frozen=True)
+class Request:
+    input_ids: list[int]
+    max_new_tokens: int
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    token_ids_logprob: list[int] | None
+
+    def as_kwargs(self) -> dict:
+        return {
+            "input_ids": self.input_ids,
+            "sampling_params": {"max_new_tokens": self.max_new_tokens, "temperature": 0.0},
+            "return_logprob": self.return_logprob,
+            "logprob_start_len": self.logprob_start_len,
+            "top_logprobs_num": self.top_logprobs_num,
+            "token_ids_logprob": self.token_ids_logprob,
+        }
+
+
+def _starts(length: int) -> list[int]:
+    """Every boundary of a prompt of ``length`` tokens (-1 is the default:
+    no input logprobs but the last)."""
+    return sorted({-1, 0, min(1, length - 1), length // 2, length - 1, length})
+
+
+def requests(n: int, seed: int = 0, max_len: int = 150, new_tokens: tuple[int, int] = (1, 6)):
+    """``n`` requests; the first few are the named edge cases (a one-token
+    prompt, a start at the last token, ragged ids), the rest random."""
+    rng = random.Random(seed)
+    out: list[Request] = []
+    lengths = [1, 2, 3, max_len, max_len // 2 + 1]
+    for i in range(n):
+        # Two in three short, so that a prefill batch holds many requests;
+        # the rest up to several chunks long.
+        short = rng.random() < 2 / 3
+        length = lengths[i] if i < len(lengths) else rng.randint(1, 16 if short else max_len)
+        ids = [rng.randrange(3, VOCAB) for _ in range(length)]
+        wants = i % 7 != 6  # one request in seven asks for no logprobs
+        start = _starts(length)[i % len(_starts(length))]
+        token_ids = (None, [], [rng.randrange(VOCAB)], [rng.randrange(VOCAB) for _ in range(3)])[
+            # The first request's is a list: SGLang reads a batch's shape
+            # from its first entry.
+            (i // 2 + 2) % 4
+        ]
+        out.append(
+            Request(
+                input_ids=ids,
+                max_new_tokens=rng.randint(*new_tokens),
+                return_logprob=wants,
+                logprob_start_len=start,
+                top_logprobs_num=(0, 1, 5)[i % 3] if wants else 0,
+                token_ids_logprob=token_ids if wants else None,
+            )
+        )
+    return out

@@ -1,0 +1,137 @@
+"""A real SGLang engine gives the same answers with flatgather on and off.
+
+Each side is an unmodified ``sglang.Engine`` (tokenizer manager, scheduler,
+model runner, radix cache, detokenizer, spawned processes) serving a tiny
+random Llama on the CPU, in its own process, with flatgather switched by
+``FLATGATHER_SGLANG`` alone, as an operator switches it; the scheduler gets it
+through the installed ``.pth`` line. The workload (``engine/workload.py``)
+reaches every path flatgather patches, and the trace (``engine/site``) shows
+that each ran in the scheduler's event loop. Answers are compared bit for
+bit: output ids, input and output logprobs, top-k and token-id logprobs.
+
+The harness (``tests/engine/``) is the tests' own: the models made on the
+spot, a torch stand-in for the few ``sgl_kernel`` ops the CPU engine
+imports, and one fix of SGLang's CPU engine (the tree mask its Triton
+backend reads), the same for both sides.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import RELEASE, ROW
+from engine import harness
+
+pytestmark = pytest.mark.engine
+
+# What every engine run with logprobs reaches, in any scenario.
+COMMON = {
+    "prune: flat plan (B >= 2)",
+    "input logprobs: token-id plan",
+    "output logprobs: top-k plan",
+    "output logprobs: token-id plan",
+    "output chain: rebuilt host-copy loop",
+    "output chain: one host copy",
+    "output chain: rebuilt tolist loop",
+    "output chain: one tolist",
+    "prefill results: rebuilt method",
+}
+REACHED = {
+    "plain": COMMON | {"prune: one-request copy"},
+    "eagle3-topk1": COMMON
+    | {
+        "prune: lazy aux resolved at the store",
+        "draft prefill: rebuilt method",
+        "draft prefill: flat rotation",
+    },
+}
+REACHED["eagle3-topk2"] = REACHED["eagle3-topk1"]
+
+WORKLOADS = {
+    # Dozens of requests, prompts up to 150 tokens, chunks of 64.
+    "plain": {"requests": 40, "shape": {"max_len": 150}, "chunked_prefill_size": 64},
+    # Each speculative step runs SGLang's Triton kernels in the interpreter:
+    # fewer, shorter requests.
+    "eagle3-topk1": {"requests": 12, "shape": {"max_len": 40}, "chunked_prefill_size": 32},
+    "eagle3-topk2": {"requests": 12, "shape": {"max_len": 40}, "chunked_prefill_size": 32},
+}
+
+
+def _runs(scenario: str) -> None:
+    engine = ROW.engine if ROW else ()
+    if scenario not in engine:
+        why = ROW.engine_note if ROW and ROW.engine_note else "not in the release table"
+        pytest.skip(f"SGLang {RELEASE}: no {scenario} engine test ({why})")
+
+
+@pytest.fixture(scope="module")
+def models_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("engine-models")
+
+
+def test_the_stand_in_ops_are_the_release_s_kernels():
+    """Each torch op of the ``sgl_kernel`` stand-in equals the release's own
+    Triton kernel of the same job on random cases."""
+    _runs("plain")
+    env = harness.environment("plain", False, harness.HERE / "unused.trace")
+    env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run(
+        [sys.executable, str(harness.HERE / "check_kernels.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "differs" not in proc.stdout
+
+
+@pytest.mark.parametrize("scenario", ["plain", "eagle3-topk1", "eagle3-topk2"])
+def test_the_engine_answers_the_same_with_flatgather_on(scenario, tmp_path, models_root):
+    _runs(scenario)
+    workload = WORKLOADS[scenario]
+    stock = harness.serve(tmp_path, models_root, scenario, flatgather=False, **workload)
+    flat = harness.serve(tmp_path, models_root, scenario, flatgather=True, **workload)
+
+    # Off is off: flatgather never loaded, its trace is empty.
+    assert stock.trace == [] and stock.flatgather_lines == []
+    # On is on, in the scheduler too, and every patched path ran there.
+    assert any("active in pid" in line for line in flat.flatgather_lines), flat.flatgather_lines
+    assert len(stock.answers) == workload["requests"]
+    difference = harness.first_difference(stock.answers, flat.answers)
+    assert difference is None, difference
+    missing = REACHED[scenario] - set(flat.trace)
+    assert not missing, f"never ran in the engine: {sorted(missing)}; ran: {flat.trace}"
+    # The workload asked for something: logprobs of every kind came back.
+    kinds = {k for a in stock.answers for k, v in a.items() if v}
+    assert {"input_top_logprobs", "input_token_ids_logprobs", "output_top_logprobs"} <= kinds
+
+
+def test_launch_server_over_http_answers_the_same(tmp_path, models_root):
+    """The server as operators start it, ``python -m sglang.launch_server``,
+    the workload as one ``POST /generate``."""
+    _runs("plain")
+    workload = WORKLOADS["plain"] | {"requests": 24, "http": True}
+    stock = harness.serve(tmp_path, models_root, "plain", flatgather=False, **workload)
+    flat = harness.serve(tmp_path, models_root, "plain", flatgather=True, **workload)
+    assert stock.trace == [] and stock.flatgather_lines == []
+    assert any("active in pid" in line for line in flat.flatgather_lines), flat.flatgather_lines
+    assert len(stock.answers) == workload["requests"]
+    difference = harness.first_difference(stock.answers, flat.answers)
+    assert difference is None, difference
+    assert {"prune: flat plan (B >= 2)", "output chain: one tolist"} <= set(flat.trace)
+
+
+@pytest.mark.skipif(os.environ.get("FLATGATHER_ENGINE_DETERMINISM") != "1", reason="on demand")
+@pytest.mark.parametrize("scenario", ["plain", "eagle3-topk1"])
+def test_the_stock_engine_answers_the_same_twice(scenario, tmp_path, models_root):
+    """The comparison means something only if stock is deterministic: two
+    stock runs give the same answers (on demand: FLATGATHER_ENGINE_DETERMINISM=1)."""
+    _runs(scenario)
+    workload = WORKLOADS[scenario]
+    first = harness.serve(tmp_path / "a", models_root, scenario, flatgather=False, **workload)
+    second = harness.serve(tmp_path / "b", models_root, scenario, flatgather=False, **workload)
+    assert harness.first_difference(first.answers, second.answers) is None
