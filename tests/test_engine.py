@@ -60,6 +60,13 @@ WORKLOADS = {
 }
 
 
+def _ids() -> dict:
+    """The workload's id lists on this release: None, empty and ragged mixed,
+    or, where the release's own scheduler fails on such a batch, ragged and
+    never empty (see ``workload.requests``)."""
+    return {"mixed_ids": ROW.engine_mixed_ids if ROW else True}
+
+
 def _runs(scenario: str) -> None:
     engine = ROW.engine if ROW else ()
     if scenario not in engine:
@@ -92,7 +99,7 @@ def test_the_stand_in_ops_are_the_release_s_kernels():
 @pytest.mark.parametrize("scenario", ["plain", "eagle3-topk1", "eagle3-topk2"])
 def test_the_engine_answers_the_same_with_flatgather_on(scenario, tmp_path, models_root):
     _runs(scenario)
-    workload = WORKLOADS[scenario]
+    workload = WORKLOADS[scenario] | {"shape": WORKLOADS[scenario]["shape"] | _ids()}
     stock = harness.serve(tmp_path, models_root, scenario, flatgather=False, **workload)
     flat = harness.serve(tmp_path, models_root, scenario, flatgather=True, **workload)
 
@@ -115,6 +122,7 @@ def test_launch_server_over_http_answers_the_same(tmp_path, models_root):
     the workload as one ``POST /generate``."""
     _runs("plain")
     workload = WORKLOADS["plain"] | {"requests": 24, "http": True}
+    workload["shape"] = workload["shape"] | _ids()
     stock = harness.serve(tmp_path, models_root, "plain", flatgather=False, **workload)
     flat = harness.serve(tmp_path, models_root, "plain", flatgather=True, **workload)
     assert stock.trace == [] and stock.flatgather_lines == []
@@ -125,13 +133,64 @@ def test_launch_server_over_http_answers_the_same(tmp_path, models_root):
     assert {"prune: flat plan (B >= 2)", "output chain: one tolist"} <= set(flat.trace)
 
 
+RETRACTION = {
+    "requests": 40,
+    # Each prompt shorter than the one before: SGLang retracts the request
+    # with the fewest outputs and then the longest prompt first, that is the
+    # first request of the prefill batch still in flight.
+    "shape": {
+        "min_len": 8,
+        "max_len": 48,
+        "new_tokens": (6, 12),
+        "ignore_eos": True,
+        "descending": True,
+    },
+    "chunked_prefill_size": 256,
+}
+
+
+def test_a_request_retracted_in_flight_leaves_the_others_their_own_input_logprobs(
+    tmp_path, models_root
+):
+    """SGLang issue #36938 in a real engine. The overlap scheduler launches a
+    prefill batch, then, before it processes that batch's result, retracts a
+    request of it (``SGLANG_TEST_RETRACT=1``: SGLang's own switch that runs
+    its retraction every third step). The result loop skips the retracted
+    request without moving its input-logprob cursor, so on the stock engine
+    the requests after it get the wrong rows; with flatgather each gets its
+    own, the same as in a run without retraction."""
+    _runs("plain")
+    if ROW is None or ROW.skip_advances_logprob_pt:
+        pytest.skip(f"SGLang {RELEASE} advances the cursor itself")
+    workload = RETRACTION | {"shape": RETRACTION["shape"] | _ids(), "tag": "-retract"}
+    calm = harness.serve(tmp_path / "calm", models_root, "plain", flatgather=False, **workload)
+    # A small KV pool, filled eagerly, and SGLang's retraction every third step.
+    workload["engine"] = {"max_total_tokens": 600, "schedule_conservativeness": 0.01}
+    retract = {"SGLANG_TEST_RETRACT": "1"}
+    stock = harness.serve(tmp_path, models_root, "plain", flatgather=False, env=retract, **workload)
+    flat = harness.serve(tmp_path, models_root, "plain", flatgather=True, env=retract, **workload)
+    assert "retraction" in stock.log and "retraction" in flat.log
+
+    def wrong(served) -> list[int]:
+        return [
+            i
+            for i, (a, b) in enumerate(zip(calm.answers, served.answers, strict=True))
+            if not harness.same_values(harness.input_logprobs(a), harness.input_logprobs(b), 1e-3)
+        ]
+
+    assert wrong(flat) == []
+    # The bug is there to fix: some request of the stock engine was served
+    # rows that are not its own.
+    assert wrong(stock), "the stock engine served every request its own input logprobs"
+
+
 @pytest.mark.skipif(os.environ.get("FLATGATHER_ENGINE_DETERMINISM") != "1", reason="on demand")
 @pytest.mark.parametrize("scenario", ["plain", "eagle3-topk1"])
 def test_the_stock_engine_answers_the_same_twice(scenario, tmp_path, models_root):
     """The comparison means something only if stock is deterministic: two
     stock runs give the same answers (on demand: FLATGATHER_ENGINE_DETERMINISM=1)."""
     _runs(scenario)
-    workload = WORKLOADS[scenario]
+    workload = WORKLOADS[scenario] | {"shape": WORKLOADS[scenario]["shape"] | _ids()}
     first = harness.serve(tmp_path / "a", models_root, scenario, flatgather=False, **workload)
     second = harness.serve(tmp_path / "b", models_root, scenario, flatgather=False, **workload)
     assert harness.first_difference(first.answers, second.answers) is None

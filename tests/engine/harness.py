@@ -83,11 +83,19 @@ def environment(scenario: str, flatgather: bool, trace: Path) -> dict[str, str]:
     return env
 
 
-def serve(workdir: Path, models_root: Path, scenario: str, flatgather: bool, **workload) -> Served:
+def serve(
+    workdir: Path,
+    models_root: Path,
+    scenario: str,
+    flatgather: bool,
+    env: dict[str, str] | None = None,
+    **workload,
+) -> Served:
     """Start an engine, serve the workload, shut it down; what it answered."""
     target, draft = make_models(models_root)
     side = "on" if flatgather else "off"
-    tag = f"{scenario}{'-http' if workload.get('http') else ''}-{side}"
+    tag = f"{scenario}{'-http' if workload.get('http') else ''}{workload.get('tag', '')}-{side}"
+    workdir.mkdir(parents=True, exist_ok=True)
     out, trace = workdir / f"{tag}.json", workdir / f"{tag}.trace"
     trace.unlink(missing_ok=True)
     spec = {
@@ -101,7 +109,7 @@ def serve(workdir: Path, models_root: Path, scenario: str, flatgather: bool, **w
     spec_path.write_text(json.dumps(spec))
     proc = subprocess.run(
         [sys.executable, str(SERVE), str(spec_path)],
-        env=environment(scenario, flatgather, trace),
+        env=environment(scenario, flatgather, trace) | (env or {}),
         capture_output=True,
         text=True,
         timeout=SERVE_TIMEOUT_S,
@@ -134,3 +142,18 @@ def first_difference(stock: list, flat: list) -> str | None:
                     f"!= on {json.dumps(b.get(key))[:300]}"
                 )
     return None
+
+
+def input_logprobs(answer: dict) -> list[float | None]:
+    """The values of an answer's input token logprobs."""
+    return [None if v is None else float(v) for v, *_ in answer.get("input_token_logprobs") or []]
+
+
+def same_values(a: list, b: list, tolerance: float) -> bool:
+    """Equal lengths and values within ``tolerance`` (a batch of another
+    composition rounds differently on a CPU; a shifted block is off by far
+    more)."""
+    return len(a) == len(b) and all(
+        (x is None and y is None) or (x is not None and y is not None and abs(x - y) <= tolerance)
+        for x, y in zip(a, b, strict=True)
+    )

@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -90,7 +91,7 @@ def engine_args(spec: dict) -> dict:
         "chunked_prefill_size": spec.get("chunked_prefill_size", 64),
         "max_prefill_tokens": 4 * spec.get("chunked_prefill_size", 64),
     }
-    args |= SCENARIOS[spec["scenario"]]
+    args |= SCENARIOS[spec["scenario"]] | spec.get("engine", {})
     if "speculative_algorithm" in args:
         args["speculative_draft_model_path"] = spec["draft"]
     return args
@@ -140,7 +141,7 @@ def _post(url: str, body: dict, timeout: float):
         raise RuntimeError(f"{url}: {exc.code} {exc.read().decode(errors='replace')}") from None
 
 
-def serve_http(spec: dict, batch: dict) -> tuple[list, float]:
+def serve_http(spec: dict, batch: dict) -> tuple[list, float, float]:
     """Start ``python -m sglang.launch_server`` on a free loopback port,
     send the batch as one ``POST /generate``, stop the server."""
     # The HTTP schema takes no None in a batch's id lists; SGLang reads an
@@ -165,7 +166,9 @@ def serve_http(spec: dict, batch: dict) -> tuple[list, float]:
                     raise RuntimeError("the server was not up after 300 s") from None
                 time.sleep(0.5)
         up = time.perf_counter() - started
+        sent = time.perf_counter()
         outs = _post(f"http://127.0.0.1:{port}/generate", batch, timeout=600)
+        serve_s = time.perf_counter() - sent
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -173,7 +176,7 @@ def serve_http(spec: dict, batch: dict) -> tuple[list, float]:
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
-    return outs, up
+    return outs, up, serve_s
 
 
 def main() -> int:
@@ -181,23 +184,33 @@ def main() -> int:
     reqs = workload.requests(spec["requests"], seed=spec.get("seed", 0), **spec.get("shape", {}))
     calls = [r.as_kwargs() for r in reqs]
     batch = {key: [c[key] for c in calls] for key in calls[0]}
-    started = time.perf_counter()
     if spec.get("http"):
-        outs, up = serve_http(spec, batch)
+        outs, up, serve_s = serve_http(spec, batch)
     else:
         import sglang
 
+        started = time.perf_counter()
         engine = sglang.Engine(**engine_args(spec))
         up = time.perf_counter() - started
         try:
-            outs = engine.generate(**batch)
+            # The serving time: the call, start-up and shutdown excluded.
+            # With "repeat", the first call is a warm-up and the time is the
+            # median of the next ones (the first call after start-up can
+            # wait a few hundred ms on SGLang's own start, either side).
+            times = []
+            for _ in range(1 + spec.get("repeat", 0)):
+                sent = time.perf_counter()
+                served = engine.generate(**batch)
+                times.append(time.perf_counter() - sent)
+                outs = outs if times[1:] else served
+            serve_s = statistics.median(times[1:] or times)
         finally:
             engine.shutdown()
     result = {
         "answers": [answer(o) for o in outs],
         "flatgather": os.environ.get("FLATGATHER_SGLANG", ""),
         "startup_s": up,
-        "serve_s": time.perf_counter() - started - up,
+        "serve_s": serve_s,
     }
     Path(spec["out"]).write_text(json.dumps(result))
     return 0

@@ -67,6 +67,10 @@ class Release:
     this release (``plain``, ``eagle3-topk1``, ``eagle3-topk2``)."""
     engine_note: str = ""
     """Why the other scenarios do not run, where some do not."""
+    engine_mixed_ids: bool = True
+    """The release's own scheduler serves a batch that mixes requests with
+    token ids and without (up to 0.5.20 it fails on ``list.tolist()``: a row
+    without ids is a list there)."""
 
     @property
     def backports(self) -> tuple[str, ...]:

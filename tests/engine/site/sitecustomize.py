@@ -10,6 +10,12 @@
    imported (before anything binds the name). That is SGLang's CPU engine,
    not flatgather: both sides get the same fix.
 2. **The trace**: which of flatgather's paths a real engine ran.
+3. **The profile** (``FLATGATHER_ENGINE_PROFILE`` names a file), for the
+   engine bench: the scheduler's step time (``Scheduler.run_batch`` and
+   ``process_batch_result``) and the time inside the functions whose loops
+   flatgather replaces, whichever object is in place when the event loop
+   first steps (the release's, or flatgather's), written to that file after
+   every step.
 
 This directory is on the ``PYTHONPATH`` of both sides' engines (for the
 ``sgl_kernel`` stand-in beside it), so Python imports this module at the start
@@ -128,6 +134,108 @@ def _wrap_patching(module) -> None:
     module.Patch.apply = traced_apply
 
 
+PROFILE = os.environ.get("FLATGATHER_ENGINE_PROFILE")
+SCHEDULER = "sglang.srt.managers.scheduler"
+STEP = ("run_batch", "process_batch_result")
+REPLACED = (
+    # (module, class or "", attribute): every place, in some release, of a
+    # function whose per-request or per-row loop flatgather replaces.
+    ("sglang.srt.layers.logits_processor", "LogitsProcessor", "_get_pruned_states"),
+    ("sglang.srt.layers.logprob_processor", "", "get_token_ids_logprobs_chunk"),
+    ("sglang.srt.layers.logprob_processor", "", "get_top_logprobs"),
+    ("sglang.srt.layers.logprob_processor", "", "get_token_ids_logprobs"),
+    ("sglang.srt.layers.utils.logprob", "", "get_token_ids_logprobs_chunk"),
+    ("sglang.srt.layers.utils.logprob", "", "get_token_ids_logprobs_prefill"),
+    ("sglang.srt.layers.utils.logprob", "", "get_top_logprobs"),
+    ("sglang.srt.layers.utils.logprob", "", "get_token_ids_logprobs"),
+    ("sglang.srt.managers.utils", "GenerationBatchResult", "copy_to_cpu"),
+    (
+        "sglang.srt.managers.scheduler_components.batch_result_processor",
+        "SchedulerBatchResultProcessor",
+        "move_logprobs_to_cpu",
+    ),
+    (
+        "sglang.srt.managers.scheduler_components.batch_result_processor",
+        "SchedulerBatchResultProcessor",
+        "_normalize_decode_outputs",
+    ),
+)
+_totals: dict[str, list] = {}
+_profiled = False
+
+
+def _timed(fn, name: str):
+    import time
+
+    entry = _totals.setdefault(name, [0, 0.0])
+    clock = time.perf_counter
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        started = clock()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            entry[0] += 1
+            entry[1] += clock() - started
+
+    return wrapper
+
+
+def _profile_replaced() -> None:
+    """Wrap, once, whatever is in place of each replaced function now."""
+    global _profiled
+    _profiled = True
+    for module_name, owner_name, attr in REPLACED:
+        module = sys.modules.get(module_name)
+        owner = getattr(module, owner_name, None) if owner_name else module
+        if owner is None or attr not in vars(owner):
+            continue
+        raw = vars(owner)[attr]
+        if isinstance(raw, staticmethod | classmethod):
+            continue
+        key = f"{owner_name or module_name.rsplit('.', 1)[-1]}.{attr}"
+        setattr(owner, attr, _timed(raw, key))
+
+
+def _dump() -> None:
+    import json
+
+    with open(PROFILE + ".tmp", "w") as f:
+        json.dump({k: {"calls": n, "s": t} for k, (n, t) in _totals.items()}, f)
+    os.replace(PROFILE + ".tmp", PROFILE)
+
+
+LOOP = ("get_next_batch_to_run", "ingest_requests", "recv_requests")
+
+
+def _profile_scheduler(module) -> None:
+    import time
+
+    cls = module.Scheduler
+    for name in LOOP:
+        if name in vars(cls):
+            setattr(cls, name, _timed(vars(cls)[name], f"loop.{name}"))
+    span = _totals.setdefault("loop.first_to_last_step", [0, 0.0])
+    first: list[float] = []
+    for name in STEP:
+        inner = _timed(vars(cls)[name], f"step.{name}")
+
+        def step(self, *args, __inner=inner, __name=name, **kwargs):
+            if not _profiled:
+                _profile_replaced()
+                first.append(time.perf_counter())
+            try:
+                return __inner(self, *args, **kwargs)
+            finally:
+                if __name == "process_batch_result":
+                    span[0] += 1
+                    span[1] = time.perf_counter() - first[0]
+                    _dump()
+
+        setattr(cls, name, functools.wraps(inner)(step))
+
+
 def _full_tree_mask(module) -> None:
     full = module.TreeMaskMode.FULL_MASK
     module.default_tree_mask_mode = lambda: full
@@ -140,6 +248,8 @@ def _on_import(fullname: str, module) -> None:
     if fullname == EAGLE_UTILS:
         if hasattr(module, "default_tree_mask_mode"):
             _full_tree_mask(module)
+    elif fullname == SCHEDULER:
+        _profile_scheduler(module)
     elif fullname in MARKERS:
         _wrap(module, MARKERS[fullname])
     else:
@@ -176,6 +286,8 @@ class _Finder:
 
 
 _names = {EAGLE_UTILS}
+if PROFILE:
+    _names.add(SCHEDULER)
 if TRACE:
     _names |= {*MARKERS, "flatgather.sglang.patching"}
 sys.meta_path.insert(0, _Finder(_names))
