@@ -109,20 +109,33 @@ def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_strid
     bonus_tokens.copy_(flat[rows * accept_stride + accept_lens.long() - 1].to(bonus_tokens.dtype))
 
 
+TREE_MODULES = ("sglang.kernels.ops.speculative.spec_tree", "sglang.srt.speculative.eagle_utils")
+"""Where releases keep their Triton tree ops (0.5.23; up to 0.5.22)."""
+
+
+def _release_op(name: str):
+    import importlib
+
+    for module in TREE_MODULES:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if found is not None:
+            return found
+    raise AttributeError(f"this SGLang release has no {name} in {TREE_MODULES}")
+
+
 def build_tree_kernel_efficient_cpu(*args) -> None:
     """The release's own Triton tree builder (needs ``TRITON_INTERPRET=1``)."""
-    from sglang.kernels.ops.speculative.spec_tree import sgl_build_tree_kernel_triton
-
-    sgl_build_tree_kernel_triton(*args)
+    _release_op("sgl_build_tree_kernel_triton")(*args)
 
 
 def verify_tree_greedy_cpu(**kwargs) -> None:
     """The release's own Triton greedy verify (needs ``TRITON_INTERPRET=1``);
     the CPU call site spells the retrieve arguments ``retrive_*``."""
-    from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_triton
-
     renamed = {k.replace("retrive_", "retrieve_"): v for k, v in kwargs.items()}
-    verify_tree_greedy_triton(**renamed)
+    _release_op("verify_tree_greedy_triton")(**renamed)
 
 
 def __getattr__(name: str):
