@@ -174,13 +174,16 @@ def test_a_release_no_contract_fits_is_refused_and_left_untouched(monkeypatch, c
 
 
 @pytest.mark.skipif(ROW.trailing_token_to_seq, reason="the release has the trailing entry")
-def test_a_changed_release_that_a_contract_fits_is_patched_with_that_contract(monkeypatch):
+def test_a_changed_release_that_a_contract_fits_is_refused_as_code_never_run(monkeypatch):
     """Appending the last request's index is the older releases' contract:
-    the probe finds it, verifies it, and says the code differs from the wheel."""
-    _wrap_release(monkeypatch, _append_last)
-    report = fs.install()
-    assert report.contract.trailing_token_to_seq is True
-    assert any("differs from the published wheel" in note for note in report.notes)
+    the probe finds it and verifies it on its batches, but the code is none
+    the test matrix has run (shapes.py), so nothing is patched."""
+    altered = _wrap_release(monkeypatch, _append_last)
+    assert probe.run(sys.modules[LogitsProcessor.__module__]).contract.trailing_token_to_seq
+    with pytest.raises(fs.UnsupportedRelease) as info:
+        fs.install()
+    assert "not code flatgather has seen" in str(info.value)
+    assert current() is altered and not fs.is_installed()
 
 
 def test_a_release_outside_the_table_is_verified_by_the_probe_alone(monkeypatch):
@@ -278,3 +281,82 @@ def test_detected_release_is_the_one_on_sys_path():
 def test_probe_results_do_not_depend_on_cuda_being_initialised():
     fs.install()
     assert not torch.cuda.is_initialized()
+
+
+def _store_with_a_parameter_more(seen):
+    """A release's store that takes one parameter more than the 0.5.x ones."""
+
+    def store(
+        self,
+        hidden_states,
+        hidden_states_before_norm,
+        aux_hidden_states,
+        pruned_states,
+        pruned_states_before_norm,
+        aux_pruned_states,
+        sample_indices,
+        logits_metadata,
+        extra=None,
+    ):
+        if extra is not None:
+            seen.append((aux_pruned_states, sample_indices, extra))
+            return "stored"
+        return STOCK_HIDDEN_TO_STORE(
+            self,
+            hidden_states,
+            hidden_states_before_norm,
+            aux_hidden_states,
+            pruned_states,
+            pruned_states_before_norm,
+            aux_pruned_states,
+            sample_indices,
+            logits_metadata,
+        )
+
+    return store
+
+
+def test_a_store_with_a_parameter_more_gets_every_argument_through(monkeypatch):
+    """A release whose ``_get_hidden_states_to_store`` takes one more
+    parameter: flatgather's store hands every argument on as it came (it
+    used to spell out the 0.5.x parameters and raise a TypeError)."""
+    seen = []
+    release_store = _store_with_a_parameter_more(seen)
+    monkeypatch.setattr(LogitsProcessor, "_get_hidden_states_to_store", release_store)
+    report = fs.install()
+    assert report.lazy_aux
+    patched = vars(LogitsProcessor)["_get_hidden_states_to_store"]
+    assert patched is not release_store
+    assert patched(None, *range(8), "positional") == "stored"
+    assert patched(None, *range(8), extra="keyword") == "stored"
+    assert seen == [(5, 6, "positional"), (5, 6, "keyword")]
+
+
+def test_lazy_aux_stays_off_where_the_store_lacks_a_parameter_it_reads(monkeypatch):
+    def store(
+        self,
+        hidden_states,
+        hidden_states_before_norm,
+        aux_hidden_states,
+        pruned_states,
+        pruned_states_before_norm,
+        aux_pruned_states,
+        rows,  # sample_indices, under another name
+        logits_metadata,
+    ):
+        return STOCK_HIDDEN_TO_STORE(
+            self,
+            hidden_states,
+            hidden_states_before_norm,
+            aux_hidden_states,
+            pruned_states,
+            pruned_states_before_norm,
+            aux_pruned_states,
+            rows,
+            logits_metadata,
+        )
+
+    monkeypatch.setattr(LogitsProcessor, "_get_hidden_states_to_store", store)
+    report = fs.install()
+    assert not report.lazy_aux
+    assert any("no parameter sample_indices" in note for note in report.notes)

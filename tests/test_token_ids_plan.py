@@ -66,14 +66,29 @@ def test_every_flat_index_is_its_row_and_id(lens, data, vocab, split):
     check_fill(plan, rows, vocab)
     out = np.empty(plan.buffer_len(), dtype=np.int64)
     plan.fill(out)
-    # Each value is one of the ids its request asked for, at a row it owns.
+    check_owned(plan, out, lens, ids, vocab, split)
+
+
+def check_owned(plan, out, lens, ids, vocab, split):
+    """Each value is one of the ids its request asked for, at a row its
+    request owns: in this chunk, request r owns ``lens[r]`` consecutive rows
+    after those of the requests before it (the first request ``split``
+    fewer: the previous chunk served them), ``width`` values a row."""
+    lens = [max(lens[0] - split, 0), *lens[1:]]
+    offset = [sum(lens[:r]) for r in range(len(lens))]
+    taken = [0] * len(lens)
     for entry in plan.entries():
         if entry is None:
             continue
         request, count, width, value, _ = entry
+        first = offset[request] + taken[request]
         for k in range(count * width):
             asked = ids[request][k % width]
-            assert out[value + k] % vocab == asked % vocab
+            row, col = divmod(int(out[value + k]), vocab)
+            assert col == asked % vocab
+            assert row == first + k // width, (request, k, row, first)
+            assert row < offset[request] + lens[request]
+        taken[request] += count
 
 
 def test_a_token_id_s_own_exception_propagates():

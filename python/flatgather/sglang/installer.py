@@ -40,6 +40,7 @@ from flatgather.sglang import (
     prefill_result,
     probe,
     releases,
+    shapes,
     spec_logprobs,
     spec_logprobs_check,
 )
@@ -276,9 +277,19 @@ def install(
             raise UnsupportedRelease(
                 f"SGLang {release or '(unknown version)'}: {exc}. Nothing was patched."
             ) from None
+        # The probe's batches prove the contract on those batches: the code
+        # itself must also be code the test matrix has run (shapes.py).
+        try:
+            shape = shapes.known(shapes.PRUNED_STATES, module.LogitsProcessor, "_get_pruned_states")
+        except shapes.UnknownShape as exc:
+            raise UnsupportedRelease(
+                f"SGLang {release or '(unknown version)'}: {exc}. Nothing was patched."
+            ) from None
         gate = LazyGate() if lazy_aux and verdict.lazy_aux else None
         state = _Installed(release, verdict, gate)
         state.notes.extend(_table_notes(release, verdict.contract))
+        seen_in = ", ".join(shapes.KNOWN[shapes.PRUNED_STATES][shape])
+        state.notes.append(f"_get_pruned_states is code the test matrix runs ({seen_in})")
         if lazy_aux and not verdict.lazy_aux:
             state.notes.append(f"lazy aux pruning left off: {verdict.lazy_aux_note}")
         elif lazy_aux and not verdict.lazy_full:

@@ -63,6 +63,7 @@ from flatgather.sglang.pruned_states import (
     lazy_scope,
     make_hidden_states_to_store,
     make_pruned_states,
+    store_problem,
 )
 from flatgather.sglang.unpinned import Unpinned, first_run, within
 
@@ -391,7 +392,7 @@ def _check_lazy(release: _Release, contract: Contract) -> tuple[str | None, str 
     stays off (None: verified) and why FULL capture still gathers every kept
     aux row (None: verified that the release's FULL store reads none of
     them: it is handed a :class:`LazyAuxPruned`, which fails on any use)."""
-    problem = aux_flow_problem(release.forward)
+    problem = aux_flow_problem(release.forward) or store_problem(release.hidden_to_store)
     if problem:
         return problem, problem
     gate = LazyGate()

@@ -58,6 +58,7 @@ __all__ = [
     "make_forward",
     "make_hidden_states_to_store",
     "make_pruned_states",
+    "store_problem",
     "uses_release_code",
 ]
 
@@ -360,38 +361,56 @@ def make_forward(original: Callable, gate: LazyGate) -> Callable:
     return forward
 
 
+STORE_PARAMETERS = ("aux_pruned_states", "sample_indices", "logits_metadata")
+"""What the lazy store reads of the release's ``_get_hidden_states_to_store``
+call, by name."""
+
+
+def store_problem(original: Callable) -> str | None:
+    """Why ``original`` cannot take a lazy aux result: a parameter the lazy
+    store reads is missing from its signature. None: it can."""
+    missing = [name for name in STORE_PARAMETERS if _position(original, name) is None]
+    if missing:
+        return f"the release's _get_hidden_states_to_store has no parameter {', '.join(missing)}"
+    return None
+
+
 def make_hidden_states_to_store(original: Callable) -> Callable:
-    """``_get_hidden_states_to_store`` that resolves a :class:`LazyAuxPruned`."""
+    """``_get_hidden_states_to_store`` that resolves a :class:`LazyAuxPruned`
+    and passes every argument through as it came, whatever the release's
+    signature (one that lacks a parameter it reads, see :func:`store_problem`,
+    is never handed a lazy result: lazy aux pruning stays off there)."""
+    aux_at, sample_at, metadata_at = (_position(original, n) for n in STORE_PARAMETERS)
 
     @functools.wraps(original)
-    def _get_hidden_states_to_store(
-        self,
-        hidden_states,
-        hidden_states_before_norm,
-        aux_hidden_states,
-        pruned_states,
-        pruned_states_before_norm,
-        aux_pruned_states,
-        sample_indices,
-        logits_metadata,
-    ):
-        if type(aux_pruned_states) is LazyAuxPruned and not torch.compiler.is_compiling():
-            aux_pruned_states, sample_indices = aux_pruned_states.resolve(
-                logits_metadata.capture_hidden_mode, sample_indices
-            )
-        return original(
-            self,
-            hidden_states,
-            hidden_states_before_norm,
-            aux_hidden_states,
-            pruned_states,
-            pruned_states_before_norm,
-            aux_pruned_states,
-            sample_indices,
-            logits_metadata,
-        )
+    def _get_hidden_states_to_store(self, *args, **kwargs):
+        aux = _argument(args, kwargs, aux_at, "aux_pruned_states") if aux_at is not None else None
+        if (
+            type(aux) is LazyAuxPruned
+            and sample_at is not None
+            and metadata_at is not None
+            and not torch.compiler.is_compiling()
+        ):
+            metadata = _argument(args, kwargs, metadata_at, "logits_metadata")
+            sample = _argument(args, kwargs, sample_at, "sample_indices")
+            aux, sample = aux.resolve(metadata.capture_hidden_mode, sample)
+            args, kwargs = _replaced(args, kwargs, {aux_at: ("aux_pruned_states", aux)})
+            args, kwargs = _replaced(args, kwargs, {sample_at: ("sample_indices", sample)})
+        return original(self, *args, **kwargs)
 
     return _get_hidden_states_to_store
+
+
+def _replaced(args: tuple, kwargs: dict, values: dict) -> tuple[tuple, dict]:
+    """``args`` and ``kwargs`` with the argument at each position (or of each
+    name, where it came by keyword) replaced."""
+    args = list(args)
+    for position, (name, value) in values.items():
+        if len(args) > position:
+            args[position] = value
+        else:
+            kwargs = {**kwargs, name: value}
+    return tuple(args), kwargs
 
 
 def make_pruned_states(

@@ -1,0 +1,169 @@
+"""The code flatgather has seen: fingerprints of the release functions it
+replaces whole.
+
+flatgather replaces ``LogitsProcessor._get_pruned_states`` whole (its
+logprob branch; the others call the release's own code), behind a
+behavioural probe. A probe proves what it tries and nothing more: a release
+or fork whose function differs from every one flatgather was tested on only
+where the probe's batches do not reach (a length rule changed for one
+relation of ``extend`` and ``start``, or only for long requests) would pass
+it and then be patched wrongly. So the function must also be one flatgather
+knows: the syntax tree of its source, proven to be the code that runs
+(:func:`flatgather.sglang.source.parse_method`), written canonically (no
+docstring, no line numbers, no fields that differ between Python versions),
+together with what each global name it reads resolves to (a builtin, a
+module, a function by its qualified name), hashed. The test matrix runs
+flatgather against every release of the table with exactly that code, so a
+known fingerprint means the proof covers every input the tests cover; an
+unknown one is refused and the release runs as shipped.
+
+Where this is not a proof: the function's behaviour also depends on what it
+reads, the ``LogitsMetadata`` that the release's ``from_forward_batch``
+builds and the functions it calls (here only ``is_pin_memory_available``,
+which decides pinning and no value); those are checked by the probe, on its
+batches.
+
+The table below is generated, one line per release of the release table:
+
+    for v in $(python python/flatgather/sglang/releases.py versions); do
+        PYTHONPATH=.sglang/$v python -m flatgather.sglang.shapes; done
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dis
+import hashlib
+import sys
+import types
+
+from flatgather.sglang import source
+
+__all__ = ["KNOWN", "UnknownShape", "fingerprint", "known"]
+
+PRUNED_STATES = "LogitsProcessor._get_pruned_states"
+
+KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
+    PRUNED_STATES: {
+        "176dd0d10863d3f3": ("0.5.10", "0.5.10.post1"),
+        "1927b0e1ad82eff8": ("0.5.11",),
+        "4d6e2a86a79cf7ae": ("0.5.12", "0.5.12.post1"),
+        "a0bb0a2ed1a07c6b": ("0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1"),
+        "bc0eafae8733caf3": ("0.5.16",),
+        "0b3189cb6dcbaf64": ("0.5.17", "0.5.18", "0.5.19"),
+        "ce4f949c5a384117": ("0.5.20",),
+        "e5cec2d16f4bfc72": ("0.5.21", "0.5.22", "0.5.23"),
+    },
+}
+"""For each replaced function, its known fingerprints and the releases that
+have each."""
+
+# Fields that say nothing about what the code does, or that one Python
+# version has and another lacks.
+_SKIPPED = frozenset(
+    {"ctx", "type_comment", "type_params", "kind", "lineno", "col_offset", "end_lineno"}
+)
+
+
+class UnknownShape(Exception):
+    """The running function is not one flatgather has seen."""
+
+
+def _canonical(node) -> str:
+    if isinstance(node, ast.AST):
+        fields = [
+            f"{name}={_canonical(getattr(node, name, None))}"
+            for name in sorted(node._fields)
+            if name not in _SKIPPED
+        ]
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(n) for n in node) + "]"
+    return f"{type(node).__name__}:{node!r}"
+
+
+def _without_docstring(tree: ast.FunctionDef) -> ast.FunctionDef:
+    body = tree.body
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        body = body[1:]
+    out = ast.FunctionDef(
+        name=tree.name,
+        args=tree.args,
+        body=body,
+        decorator_list=tree.decorator_list,
+        returns=tree.returns,
+    )
+    return out
+
+
+def _resolved(function: types.FunctionType) -> list[str]:
+    """What each global name the function reads is bound to."""
+    out = []
+    names = sorted(
+        {
+            str(i.argval)
+            for i in dis.get_instructions(function)
+            if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")
+        }
+    )
+    for name in names:
+        if name in function.__globals__:
+            value = function.__globals__[name]
+        else:
+            value = getattr(builtins, name, None)
+            if value is not None:
+                out.append(f"{name}=builtin")
+                continue
+        if isinstance(value, types.ModuleType):
+            what = f"module {value.__name__}"
+        elif callable(value) and hasattr(value, "__qualname__"):
+            what = f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
+        else:
+            what = type(value).__name__
+        out.append(f"{name}={what}")
+    return out
+
+
+def fingerprint(owner: type, name: str) -> str:
+    """The fingerprint of ``owner.<name>``. Raises
+    :class:`flatgather.sglang.source.SourceMismatch` when its source is not
+    the code that runs."""
+    method = source.parse_method(owner, name)
+    text = _canonical(_without_docstring(method.tree)) + "|" + ";".join(_resolved(method.function))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def known(where: str, owner: type, name: str) -> str:
+    """The fingerprint of ``owner.<name>`` if flatgather knows it; raises
+    :class:`UnknownShape` otherwise, naming what it found."""
+    try:
+        found = fingerprint(owner, name)
+    except source.SourceMismatch as exc:
+        raise UnknownShape(f"{where} is not code flatgather has seen: {exc}") from None
+    if found not in KNOWN[where]:
+        raise UnknownShape(
+            f"{where} is not code flatgather has seen (fingerprint {found}; known: "
+            f"{', '.join(sorted(KNOWN[where])) or 'none'}): its probe's batches cannot prove "
+            "it for every input"
+        )
+    return found
+
+
+def main() -> int:
+    """Print the running release's version and fingerprints (for the table)."""
+    from sglang.srt.layers import logits_processor
+
+    from flatgather.sglang.releases import sglang_release
+
+    print(sglang_release(), fingerprint(logits_processor.LogitsProcessor, "_get_pruned_states"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

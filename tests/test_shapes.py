@@ -1,0 +1,101 @@
+"""flatgather replaces ``_get_pruned_states`` only where the running code is
+code the test matrix has run (``flatgather.sglang.shapes``): a probe proves
+what its batches try, and an edit that changes the rule only where they do
+not reach passes it.
+
+The mutants here are the running release's own method, its source copied
+into a module of its own with one edit, put in place of the release's: the
+kind of edit a fork or a later release makes."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import textwrap
+
+import flatgather.sglang as fs
+import pytest
+from _sglang import STOCK_PRUNED_STATES, LogitsProcessor
+from conftest import RELEASE
+from flatgather.sglang import probe, shapes
+
+BRANCH = "if extend_len == extend_logprob_start_len:"
+
+
+def _mutant(tmp_path, monkeypatch, old: str, new: str):
+    """The release's ``_get_pruned_states`` with ``old`` replaced by ``new``
+    (the text must be there), defined in a module of its own that reads the
+    release module's globals."""
+    method = inspect.getsource(STOCK_PRUNED_STATES)
+    if old not in method:
+        pytest.skip(f"SGLang {RELEASE}'s _get_pruned_states has no {old!r}")
+    module_name = f"fg_mutant_{abs(hash((old, new)))}"
+    body = textwrap.indent(textwrap.dedent(method.replace(old, new, 1)), "    ")
+    (tmp_path / f"{module_name}.py").write_text(
+        "import sglang.srt.layers.logits_processor as _release\n"
+        "globals().update({k: v for k, v in vars(_release).items() if not k.startswith('__')})\n"
+        f"class LogitsProcessor:\n{body}"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(module_name)
+    mutant = vars(module.LogitsProcessor)["_get_pruned_states"]
+    monkeypatch.setattr(LogitsProcessor, "_get_pruned_states", mutant)
+    return mutant, sys.modules.pop(module_name)
+
+
+@pytest.mark.matrix
+def test_the_running_release_is_a_known_shape():
+    found = shapes.fingerprint(LogitsProcessor, "_get_pruned_states")
+    assert RELEASE in shapes.KNOWN[shapes.PRUNED_STATES].get(found, ()), (
+        f"{RELEASE}: fingerprint {found} not in the table; regenerate it (shapes.py)"
+    )
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize(
+    ("name", "new"),
+    [
+        # A start of 1 in a request of three tokens or more read as a chunk.
+        (
+            "start 1 as a chunk",
+            "if extend_len == extend_logprob_start_len or (extend_logprob_start_len == 1 "
+            "and extend_len > 2):",
+        ),
+        # The chunk rule for long requests only: no probe batch is that long.
+        ("long requests", "if extend_len == extend_logprob_start_len or extend_len > 64:"),
+    ],
+)
+def test_an_edit_the_probe_cannot_see_is_refused(tmp_path, monkeypatch, name, new):
+    _mutant(tmp_path, monkeypatch, BRANCH, new)
+    module = sys.modules["sglang.srt.layers.logits_processor"]
+    # The probe alone accepts it: its batches never reach the edit.
+    probe.run(module)
+    before = dict(vars(LogitsProcessor))
+    with pytest.raises(fs.UnsupportedRelease) as info:
+        fs.install()
+    assert "not code flatgather has seen" in str(info.value)
+    assert "Nothing was patched" in str(info.value)
+    assert dict(vars(LogitsProcessor)) == before
+    assert not fs.is_installed()
+
+
+@pytest.mark.matrix
+def test_a_comment_changes_no_shape(tmp_path, monkeypatch):
+    stock = shapes.fingerprint(LogitsProcessor, "_get_pruned_states")
+    line = next(x for x in inspect.getsource(STOCK_PRUNED_STATES).splitlines() if BRANCH in x)
+    indent = line[: len(line) - len(line.lstrip())]
+    mutant, _ = _mutant(
+        tmp_path, monkeypatch, BRANCH, f"# the same rule, said again\n{indent}{BRANCH}"
+    )
+    assert shapes.fingerprint(LogitsProcessor, "_get_pruned_states") == stock
+    fs.install()
+    assert vars(LogitsProcessor)["_get_pruned_states"] is not mutant  # patched
+
+
+def test_a_global_rebound_is_another_shape(tmp_path, monkeypatch):
+    """The same source reading another ``torch`` is not the same code."""
+    mutant, _ = _mutant(tmp_path, monkeypatch, BRANCH, BRANCH)
+    same = shapes.fingerprint(LogitsProcessor, "_get_pruned_states")
+    monkeypatch.setitem(mutant.__globals__, "torch", sys)
+    assert shapes.fingerprint(LogitsProcessor, "_get_pruned_states") != same
