@@ -10,7 +10,6 @@ reported as such (nothing to check it against), never passed silently.
 
 from __future__ import annotations
 
-import importlib
 import random
 import sys
 
@@ -21,7 +20,7 @@ import torch
 PLACES = {
     "assign_req_to_token_pool": (
         "sglang.srt.mem_cache.allocation",
-        "sglang.srt.mem_cache.memory_pool",
+        "sglang.srt.speculative.triton_ops.cache_locs",
     ),
     "assign_extend_cache_locs": (
         "sglang.kernels.ops.speculative.cache_locs",
@@ -49,14 +48,7 @@ PLACES = {
 
 
 def kernel(name: str):
-    for module in PLACES[name]:
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
-        if found is not None:
-            return found
-    return None
+    return sgl_kernel.release_object(name, PLACES[name])
 
 
 def next_pow2(n: int) -> int:

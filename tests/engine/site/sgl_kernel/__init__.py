@@ -113,17 +113,26 @@ TREE_MODULES = ("sglang.kernels.ops.speculative.spec_tree", "sglang.srt.speculat
 """Where releases keep their Triton tree ops (0.5.23; up to 0.5.22)."""
 
 
-def _release_op(name: str):
+def release_object(name: str, modules: tuple[str, ...]):
+    """The running release's ``name`` from the first of ``modules`` that has
+    it (releases move their kernels between modules), or None."""
     import importlib
 
-    for module in TREE_MODULES:
+    for module in modules:
         try:
             found = getattr(importlib.import_module(module), name, None)
         except ImportError:
             continue
         if found is not None:
             return found
-    raise AttributeError(f"this SGLang release has no {name} in {TREE_MODULES}")
+    return None
+
+
+def _release_op(name: str):
+    found = release_object(name, TREE_MODULES)
+    if found is None:
+        raise AttributeError(f"this SGLang release has no {name} in {TREE_MODULES}")
+    return found
 
 
 def build_tree_kernel_efficient_cpu(*args) -> None:
