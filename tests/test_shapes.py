@@ -9,6 +9,7 @@ kind of edit a fork or a later release makes."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import sys
@@ -99,3 +100,59 @@ def test_a_global_rebound_is_another_shape(tmp_path, monkeypatch):
     same = shapes.fingerprint(LogitsProcessor, "_get_pruned_states")
     monkeypatch.setitem(mutant.__globals__, "torch", sys)
     assert shapes.fingerprint(LogitsProcessor, "_get_pruned_states") != same
+
+
+@pytest.mark.matrix
+def test_every_function_replaced_whole_is_a_known_shape():
+    found = shapes.release_functions()
+    assert found, "no replaced function found in the release"
+    for name, function in found.items():
+        shape = shapes.fingerprint(None, function)
+        assert RELEASE in shapes.KNOWN[name].get(shape, ()), (
+            f"{RELEASE}: {name} fingerprint {shape} not in the table; regenerate it (shapes.py)"
+        )
+
+
+def _function_mutant(tmp_path, monkeypatch, function):
+    """``function`` with one statement more at the end of its body (``pass``:
+    the same behaviour, other code), in a module of its own reading the
+    release module's globals."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    tree.body[0].body.append(ast.Pass())
+    name = f"fg_mutant_fn_{function.__name__}"
+    (tmp_path / f"{name}.py").write_text(
+        "from __future__ import annotations\n"
+        f"import {function.__module__} as _release\n"
+        "globals().update({k: v for k, v in vars(_release).items() if not k.startswith('__')})\n"
+        + ast.unparse(tree)
+        + "\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mutant = getattr(importlib.import_module(name), function.__name__)
+    sys.modules.pop(name)
+    return mutant
+
+
+@pytest.mark.parametrize("name", sorted(shapes.FUNCTIONS))
+def test_an_unknown_function_is_left_stock_and_the_rest_goes_on(tmp_path, monkeypatch, name):
+    """Known code only, for the functions replaced whole: even an edit that
+    changes no behaviour is code the matrix never ran."""
+    function = shapes.release_functions().get(name)
+    if function is None:
+        pytest.skip(f"SGLang {RELEASE} has no {name}")
+    mutant = _function_mutant(tmp_path, monkeypatch, function)
+    # Wherever SGLang's code looks the function up (its callers import it).
+    holders = [
+        m
+        for key, m in list(sys.modules.items())
+        if key.startswith("sglang.") and vars(m).get(name) is function
+    ]
+    for module in holders:
+        monkeypatch.setattr(module, name, mutant)
+    with pytest.raises(shapes.UnknownShape, match="not code flatgather has seen"):
+        shapes.known(name, None, mutant)
+    report = fs.install()
+    for module in holders:
+        assert vars(module)[name] is mutant, f"the unknown function was patched in {module}"
+    assert any(name in note and "not code flatgather has seen" in note for note in report.notes)
+    assert report.contract is not None  # the other patches went on

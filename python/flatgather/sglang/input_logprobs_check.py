@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flatgather.sglang import shapes
 from flatgather.sglang.compare import first_difference
 from flatgather.sglang.input_logprobs import CHUNK, PREFILL, Walk, make_chunk, make_prefill
 from flatgather.sglang.patching import Patch, Prepared
@@ -204,6 +205,13 @@ def prepare(modules) -> Prepared:
                 replacement, problem = None, f"{type(exc).__name__}: {exc}"
             if replacement is None:
                 notes.append(f"{where} left stock: {problem}")
+                continue
+            # Its side-by-side check passed on its cases; the code must also
+            # be code the test matrix runs (shapes.py).
+            try:
+                shapes.known(name, None, original)
+            except shapes.UnknownShape as exc:
+                notes.append(f"{where} left stock: {exc}")
                 continue
             # The one that goes into service counts nothing.
             if chunk:

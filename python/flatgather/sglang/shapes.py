@@ -23,6 +23,11 @@ builds and the functions it calls (here only ``is_pin_memory_available``,
 which decides pinning and no value); those are checked by the probe, on its
 batches.
 
+The same holds for the module-level functions it replaces whole (the
+token-id input logprobs, the output logprobs' top-k and token-id helpers,
+:data:`FUNCTIONS`), each behind its own side-by-side check: an unknown one is
+left stock with a note, and the other patches go on.
+
 The table below is generated, one line per release of the release table:
 
     for v in $(python python/flatgather/sglang/releases.py versions); do
@@ -55,9 +60,88 @@ KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
         "ce4f949c5a384117": ("0.5.20",),
         "e5cec2d16f4bfc72": ("0.5.21", "0.5.22", "0.5.23"),
     },
+    "get_token_ids_logprobs_chunk": {
+        "1628077b99c13580": (
+            "0.5.10",
+            "0.5.10.post1",
+            "0.5.11",
+            "0.5.12",
+            "0.5.12.post1",
+            "0.5.13",
+            "0.5.13.post1",
+            "0.5.14",
+            "0.5.15",
+            "0.5.15.post1",
+        ),
+        "80053495b1b363bd": ("0.5.16", "0.5.17"),
+        "9ab78ee97687c556": ("0.5.18", "0.5.19", "0.5.20"),
+        "a2bcafead576fc38": ("0.5.21", "0.5.22", "0.5.23"),
+    },
+    "get_token_ids_logprobs_prefill": {
+        "013766ff227cd715": (
+            "0.5.10",
+            "0.5.10.post1",
+            "0.5.11",
+            "0.5.12",
+            "0.5.12.post1",
+            "0.5.13",
+            "0.5.13.post1",
+            "0.5.14",
+            "0.5.15",
+            "0.5.15.post1",
+        ),
+    },
+    "get_top_logprobs": {
+        "b0be38ab9424821e": (
+            "0.5.10",
+            "0.5.10.post1",
+            "0.5.11",
+            "0.5.12",
+            "0.5.12.post1",
+            "0.5.13",
+            "0.5.13.post1",
+            "0.5.14",
+            "0.5.15",
+            "0.5.15.post1",
+        ),
+        "20f13eb493d1aca1": (
+            "0.5.16",
+            "0.5.17",
+            "0.5.18",
+            "0.5.19",
+            "0.5.20",
+            "0.5.21",
+            "0.5.22",
+            "0.5.23",
+        ),
+    },
+    "get_token_ids_logprobs": {
+        "00cba166d79005af": (
+            "0.5.10",
+            "0.5.10.post1",
+            "0.5.11",
+            "0.5.12",
+            "0.5.12.post1",
+            "0.5.13",
+            "0.5.13.post1",
+            "0.5.14",
+            "0.5.15",
+            "0.5.15.post1",
+        ),
+        "8f887a43fccdf77d": (
+            "0.5.16",
+            "0.5.17",
+            "0.5.18",
+            "0.5.19",
+            "0.5.20",
+            "0.5.21",
+            "0.5.22",
+            "0.5.23",
+        ),
+    },
 }
 """For each replaced function, its known fingerprints and the releases that
-have each."""
+have each (generated: see the module's docstring)."""
 
 # Fields that say nothing about what the code does, or that one Python
 # version has and another lacks.
@@ -130,17 +214,25 @@ def _resolved(function: types.FunctionType) -> list[str]:
     return out
 
 
-def fingerprint(owner: type, name: str) -> str:
-    """The fingerprint of ``owner.<name>``. Raises
-    :class:`flatgather.sglang.source.SourceMismatch` when its source is not
-    the code that runs."""
-    method = source.parse_method(owner, name)
-    text = _canonical(_without_docstring(method.tree)) + "|" + ";".join(_resolved(method.function))
+def _hash(tree: ast.FunctionDef, function: types.FunctionType) -> str:
+    text = _canonical(_without_docstring(tree)) + "|" + ";".join(_resolved(function))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def known(where: str, owner: type, name: str) -> str:
-    """The fingerprint of ``owner.<name>`` if flatgather knows it; raises
+def fingerprint(owner: type | None, name: str | types.FunctionType) -> str:
+    """The fingerprint of method ``owner.<name>``, or, with ``owner`` None,
+    of the module-level function ``name``. Raises
+    :class:`flatgather.sglang.source.SourceMismatch` when its source is not
+    the code that runs."""
+    if owner is None:
+        return _hash(source.parse_function(name), name)
+    method = source.parse_method(owner, name)
+    return _hash(method.tree, method.function)
+
+
+def known(where: str, owner: type | None, name: str | types.FunctionType) -> str:
+    """The fingerprint of ``owner.<name>`` (of function ``name`` where
+    ``owner`` is None) if flatgather knows it under ``where``; raises
     :class:`UnknownShape` otherwise, naming what it found."""
     try:
         found = fingerprint(owner, name)
@@ -155,13 +247,47 @@ def known(where: str, owner: type, name: str) -> str:
     return found
 
 
+FUNCTIONS = {
+    # The module-level functions flatgather replaces whole, and the modules
+    # that have defined them in some release.
+    "get_token_ids_logprobs_chunk": ("logprob_processor", "utils.logprob", "logits_processor"),
+    "get_token_ids_logprobs_prefill": ("logprob_processor", "utils.logprob", "logits_processor"),
+    "get_top_logprobs": ("logprob_processor", "utils.logprob", "logits_processor"),
+    "get_token_ids_logprobs": ("logprob_processor", "utils.logprob", "logits_processor"),
+}
+
+
+def release_functions() -> dict[str, types.FunctionType]:
+    """The running release's own function of each name of :data:`FUNCTIONS`
+    (where it defines it), imported by name."""
+    import importlib
+
+    out = {}
+    for name, places in FUNCTIONS.items():
+        for place in places:
+            try:
+                module = importlib.import_module(f"sglang.srt.layers.{place}")
+            except ImportError:
+                continue
+            fn = vars(module).get(name)
+            while getattr(fn, "__flatgather__", None) is not None:
+                fn = fn.__wrapped__
+            if isinstance(fn, types.FunctionType) and fn.__module__ == module.__name__:
+                out[name] = fn
+                break
+    return out
+
+
 def main() -> int:
     """Print the running release's version and fingerprints (for the table)."""
     from sglang.srt.layers import logits_processor
 
     from flatgather.sglang.releases import sglang_release
 
-    print(sglang_release(), fingerprint(logits_processor.LogitsProcessor, "_get_pruned_states"))
+    found = {PRUNED_STATES: fingerprint(logits_processor.LogitsProcessor, "_get_pruned_states")}
+    for name, fn in release_functions().items():
+        found[name] = fingerprint(None, fn)
+    print(sglang_release(), " ".join(f"{k}={v}" for k, v in found.items()))
     return 0
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "build_method",
     "compile_def",
     "module_tree",
+    "parse_function",
     "parse_method",
 ]
 
@@ -191,6 +192,43 @@ def parse_method(owner: type, name: str, decorated: bool = False) -> Method:
             "(edited after import, or replaced at run time)"
         )
     return Method(owner, name, function, tree, filename, imports)
+
+
+def parse_function(function: types.FunctionType) -> ast.FunctionDef:
+    """The verified syntax tree of a function defined at the top of its
+    module, as :func:`parse_method` verifies a method's: its source,
+    compiled after the module's imports, must give its own code object.
+    Raises :class:`SourceMismatch` otherwise."""
+    where = getattr(function, "__qualname__", repr(function))
+    if not isinstance(function, types.FunctionType):
+        raise SourceMismatch(f"{where} is not a plain function")
+    if function.__code__.co_freevars:
+        raise SourceMismatch(f"{where} is a closure")
+    if function.__qualname__ != function.__name__:
+        raise SourceMismatch(f"{where} is not defined at the top of its module")
+    filename = function.__code__.co_filename
+    lines = _lines(filename, function.__globals__)
+    if not lines:
+        raise SourceMismatch(f"no source for {where} ({filename})")
+    try:
+        module = _parse("".join(lines), filename)
+    except SyntaxError as exc:
+        raise SourceMismatch(f"the source of {where} does not parse: {exc}") from None
+    defs = [
+        n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == function.__name__
+    ]
+    if not defs:
+        raise SourceMismatch(f"{where} is not in {filename}")
+    imports = [stmt for stmt in module.body if _binds_imports(stmt)]
+    tree = defs[-1]
+    body = ast.fix_missing_locations(ast.Module(body=[*imports, tree], type_ignores=[]))
+    code = _find_code(_compile(body, function), function.__name__)
+    if code is None or code != function.__code__:
+        raise SourceMismatch(
+            f"the source of {where} in {filename} does not compile to the code that runs "
+            "(edited after import, or replaced at run time)"
+        )
+    return tree
 
 
 def compile_def(

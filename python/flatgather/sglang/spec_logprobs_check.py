@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flatgather.sglang import source, spec_logprobs
+from flatgather.sglang import shapes, source, spec_logprobs
 from flatgather.sglang.compare import first_difference
 from flatgather.sglang.patching import Patch, Prepared
 
@@ -253,6 +253,13 @@ def prepare_producers(module) -> Prepared:
             replacement, problem = producer(original, name)
         except Exception as exc:
             replacement, problem = None, f"{type(exc).__name__}: {exc}"
+        if replacement is not None:
+            # Checked side by side on its cases; the code must also be code
+            # the test matrix runs (shapes.py).
+            try:
+                shapes.known(name, None, original)
+            except shapes.UnknownShape as exc:
+                replacement, problem = None, str(exc)
         if replacement is None:
             notes.append(f"{where} left stock: {problem}")
         else:
