@@ -219,8 +219,9 @@ def markdown() -> str:
     """The README's support table."""
     lines = [
         "| SGLang | trailing `token_to_seq_idx` | packed aux | writes `*_indices_cpu` "
-        "| draft rotation loop | empty token-id entries | backports applied | CI |",
-        "|---|---|---|---|---|---|---|---|",
+        "| draft rotation loop | empty token-id entries | backports applied | CI "
+        "| engine tests |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in RELEASES:
         backports = ", ".join(f"`{b}`" for b in r.backports) or "none"
@@ -228,7 +229,8 @@ def markdown() -> str:
         lines.append(
             f"| {r.version} | {_yes(r.trailing_token_to_seq)} | {_yes(r.packed_aux)} "
             f"| {_yes(r.writes_cpu_indices)} | {r.rotation} "
-            f"| {'skipped' if r.token_ids_skip_empty else 'kept'} | {backports} | {ci} |"
+            f"| {'skipped' if r.token_ids_skip_empty else 'kept'} | {backports} | {ci} "
+            f"| {', '.join(r.engine) or 'none'} |"
         )
     return "\n".join(lines) + "\n"
 
