@@ -394,8 +394,11 @@ def make_hidden_states_to_store(original: Callable) -> Callable:
             metadata = _argument(args, kwargs, metadata_at, "logits_metadata")
             sample = _argument(args, kwargs, sample_at, "sample_indices")
             aux, sample = aux.resolve(metadata.capture_hidden_mode, sample)
-            args, kwargs = _replaced(args, kwargs, {aux_at: ("aux_pruned_states", aux)})
-            args, kwargs = _replaced(args, kwargs, {sample_at: ("sample_indices", sample)})
+            args, kwargs = _replaced(
+                args,
+                kwargs,
+                {aux_at: ("aux_pruned_states", aux), sample_at: ("sample_indices", sample)},
+            )
         return original(self, *args, **kwargs)
 
     return _get_hidden_states_to_store

@@ -141,6 +141,36 @@ def module_tree(module: types.ModuleType) -> ast.Module | None:
         return None
 
 
+def _plain(function, where: str) -> None:
+    if not isinstance(function, types.FunctionType):
+        raise SourceMismatch(f"{where} is not a plain function")
+    if function.__code__.co_freevars:
+        raise SourceMismatch(f"{where} is a closure")
+
+
+def _source_of(function: types.FunctionType, where: str) -> tuple[ast.Module, str]:
+    """The parsed source file of ``function`` and its name."""
+    filename = function.__code__.co_filename
+    lines = _lines(filename, function.__globals__)
+    if not lines:
+        raise SourceMismatch(f"no source for {where} ({filename})")
+    try:
+        return _parse("".join(lines), filename), filename
+    except SyntaxError as exc:
+        raise SourceMismatch(f"the source of {where} does not parse: {exc}") from None
+
+
+def _prove(module: ast.Module, function: types.FunctionType, where: str, filename: str) -> None:
+    """``module`` (the source's imports and the ``def``), compiled, must
+    hold ``function``'s own code object."""
+    code = _find_code(_compile(module, function), function.__name__)
+    if code is None or code != function.__code__:
+        raise SourceMismatch(
+            f"the source of {where} in {filename} does not compile to the code that runs "
+            "(edited after import, or replaced at run time)"
+        )
+
+
 def parse_method(owner: type, name: str, decorated: bool = False) -> Method:
     """The verified syntax tree of ``owner.<name>`` (a plain function in the
     ``__dict__`` of a class defined at the top of its module). Raises
@@ -158,20 +188,10 @@ def parse_method(owner: type, name: str, decorated: bool = False) -> Method:
         function = wrapped
     else:
         decorated = False
-    if not isinstance(function, types.FunctionType):
-        raise SourceMismatch(f"{where} is not a plain function")
-    if function.__code__.co_freevars:
-        raise SourceMismatch(f"{where} is a closure")
+    _plain(function, where)
     if owner.__qualname__ != owner.__name__:
         raise SourceMismatch(f"{owner.__qualname__} is not defined at the top of its module")
-    filename = function.__code__.co_filename
-    lines = _lines(filename, function.__globals__)
-    if not lines:
-        raise SourceMismatch(f"no source for {where} ({filename})")
-    try:
-        module = _parse("".join(lines), filename)
-    except SyntaxError as exc:
-        raise SourceMismatch(f"the source of {where} does not parse: {exc}") from None
+    module, filename = _source_of(function, where)
     classes = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == owner.__name__]
     defs = [
         n for c in classes[-1:] for n in c.body if isinstance(n, ast.FunctionDef) and n.name == name
@@ -185,12 +205,7 @@ def parse_method(owner: type, name: str, decorated: bool = False) -> Method:
     tree = defs[-1]
     if decorated and not tree.decorator_list:
         raise SourceMismatch(f"{where} is wrapped, but its source has no decorator")
-    code = _find_code(_compile(_class_module(imports, owner.__name__, tree), function), name)
-    if code is None or code != function.__code__:
-        raise SourceMismatch(
-            f"the source of {where} in {filename} does not compile to the code that runs "
-            "(edited after import, or replaced at run time)"
-        )
+    _prove(_class_module(imports, owner.__name__, tree), function, where, filename)
     return Method(owner, name, function, tree, filename, imports)
 
 
@@ -200,34 +215,18 @@ def parse_function(function: types.FunctionType) -> ast.FunctionDef:
     compiled after the module's imports, must give its own code object.
     Raises :class:`SourceMismatch` otherwise."""
     where = getattr(function, "__qualname__", repr(function))
-    if not isinstance(function, types.FunctionType):
-        raise SourceMismatch(f"{where} is not a plain function")
-    if function.__code__.co_freevars:
-        raise SourceMismatch(f"{where} is a closure")
+    _plain(function, where)
     if function.__qualname__ != function.__name__:
         raise SourceMismatch(f"{where} is not defined at the top of its module")
-    filename = function.__code__.co_filename
-    lines = _lines(filename, function.__globals__)
-    if not lines:
-        raise SourceMismatch(f"no source for {where} ({filename})")
-    try:
-        module = _parse("".join(lines), filename)
-    except SyntaxError as exc:
-        raise SourceMismatch(f"the source of {where} does not parse: {exc}") from None
-    defs = [
-        n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == function.__name__
-    ]
+    module, filename = _source_of(function, where)
+    name = function.__name__
+    defs = [n for n in module.body if isinstance(n, ast.FunctionDef) and n.name == name]
     if not defs:
         raise SourceMismatch(f"{where} is not in {filename}")
     imports = [stmt for stmt in module.body if _binds_imports(stmt)]
     tree = defs[-1]
     body = ast.fix_missing_locations(ast.Module(body=[*imports, tree], type_ignores=[]))
-    code = _find_code(_compile(body, function), function.__name__)
-    if code is None or code != function.__code__:
-        raise SourceMismatch(
-            f"the source of {where} in {filename} does not compile to the code that runs "
-            "(edited after import, or replaced at run time)"
-        )
+    _prove(body, function, where, filename)
     return tree
 
 
