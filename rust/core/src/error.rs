@@ -86,6 +86,15 @@ pub enum PlanError {
     PlanTooLarge { bytes: u64 },
     /// An output buffer is too short for the plan.
     BufferTooSmall { needed: usize, got: usize },
+    /// The values handed in to be cut into the plan's rows are not as many
+    /// as the plan has, so some row would lie past them or some value be
+    /// left over. `gathered` only picks the wording (a token-ids plan
+    /// gathers its values).
+    ValueCount {
+        got: usize,
+        expected: usize,
+        gathered: bool,
+    },
     /// The logprobs' shape `[rows, vocab]` is not one a tensor has, or its
     /// flat indices would not fit in `int64`.
     BadShape { rows: i64, vocab: i64 },
@@ -125,6 +134,8 @@ impl PlanError {
             PlanError::RowMismatch { .. } => "row_mismatch",
             PlanError::PlanTooLarge { .. } => "plan_too_large",
             PlanError::BufferTooSmall { .. } => "buffer_too_small",
+            // The name the binding gave it before the check moved here.
+            PlanError::ValueCount { .. } => "bad_buffer",
             PlanError::BadShape { .. } => "bad_shape",
             PlanError::TokenIdOutOfRange { .. } => "token_id_out_of_range",
             PlanError::LeftToRelease { .. } => "left_to_release",
@@ -222,6 +233,15 @@ impl fmt::Display for PlanError {
             PlanError::BufferTooSmall { needed, got } => write!(
                 f,
                 "the output buffer holds {got} int64 values, the plan needs {needed}"
+            ),
+            PlanError::ValueCount {
+                got,
+                expected,
+                gathered,
+            } => write!(
+                f,
+                "values holds {got} items, the plan {} {expected}",
+                if *gathered { "gathers" } else { "has" }
             ),
             PlanError::BadShape { rows, vocab } => write!(
                 f,

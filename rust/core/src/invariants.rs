@@ -269,27 +269,43 @@ pub fn check_token_ids(
     if pairs.len() != n {
         return Err("a number of values other than num_values".into());
     }
+    if plan.nest(n + 1).is_ok() || n.checked_sub(1).is_some_and(|m| plan.nest(m).is_ok()) {
+        return Err("nest takes a number of values other than num_values".into());
+    }
+    // The rows, cut as the binding cuts the gathered values, must tile them
+    // in order and carry, beside each row, the list of ids it was read at.
     let mut got: Vec<ModelEntry> = Vec::new();
-    for entry in plan.entries() {
-        got.push(match *entry {
-            Entry::Empty => None,
-            Entry::Rows {
-                rows,
-                width,
-                value,
-                extend,
-                ..
-            } => {
-                let end = value + rows as usize * width;
-                let values = pairs.get(value..end).ok_or("an entry past the values")?;
-                let nested = if width == 0 {
-                    vec![Vec::new(); rows as usize]
-                } else {
-                    values.chunks(width).map(<[_]>::to_vec).collect()
-                };
-                Some((extend, nested))
+    let mut at = 0;
+    for entry in plan.nest(n).map_err(|e| e.to_string())? {
+        let mut nested = Vec::new();
+        for range in entry.row_values() {
+            if range.start != at {
+                return Err(format!("a row at {range:?}, want it from {at}"));
             }
+            at = range.end;
+            let values = pairs.get(range).ok_or("a row past the values")?;
+            let asked = entry.ids_of().and_then(|r| token_ids[r]);
+            if !values
+                .iter()
+                .map(|&(_, id)| id)
+                .eq(asked.into_iter().flatten().copied())
+            {
+                return Err(format!("{entry:?}: a row read other ids than {asked:?}"));
+            }
+            nested.push(values.to_vec());
+        }
+        if entry.ids_of().is_some() == nested.is_empty() {
+            return Err(format!(
+                "{entry:?}: ids_of without rows, or rows without it"
+            ));
+        }
+        got.push(match entry {
+            Entry::Empty => None,
+            Entry::Rows { .. } => Some((entry.extends(), nested)),
         });
+    }
+    if at != n {
+        return Err(format!("the rows end at {at} of {n} values"));
     }
     if got != model {
         return Err(format!("entries {got:?}, want {model:?}"));
@@ -343,6 +359,20 @@ fn pieces(sizes: &[i64], step: usize) -> Result<Vec<std::ops::Range<usize>>, Str
     Ok(out)
 }
 
+/// The rows [`SpecLogprobsPlan::rows_of`] cuts from the plan's values,
+/// after checking that it refuses any other number of values.
+fn cut_rows(plan: &SpecLogprobsPlan) -> Result<Vec<std::ops::Range<usize>>, String> {
+    let n = plan.num_values();
+    if plan.rows_of(n + 1).is_ok() || n.checked_sub(1).is_some_and(|m| plan.rows_of(m).is_ok()) {
+        return Err("rows_of takes a number of values other than num_values".into());
+    }
+    let rows: Vec<_> = plan.rows_of(n).map_err(|e| e.to_string())?.collect();
+    if rows.iter().any(|r| r.end > n) || rows.len() != plan.num_rows() {
+        return Err(format!("rows {rows:?} of {n} values"));
+    }
+    Ok(rows)
+}
+
 /// Checks a top-k plan against [`top_k_model`]: every row's span, and the
 /// pieces its split sizes cut, are the positions the release's row reads,
 /// and the sizes cover the `[rows, max_k]` tensor exactly.
@@ -361,7 +391,7 @@ pub fn check_top_k(plan: &SpecLogprobsPlan, top_logprobs_nums: &[i64]) -> Result
         return Err("the split sizes do not cover the top-k tensor".into());
     }
     let cut = pieces(&sizes, 2)?;
-    let spans: Vec<_> = plan.spans().iter().map(|&(s, n)| s..s + n).collect();
+    let spans = cut_rows(plan)?;
     for (i, want) in model.iter().enumerate() {
         let want = want.first().map_or(0..0, |&f| f..f + want.len());
         if spans.get(i) != Some(&want) && !(want.is_empty() && spans[i].is_empty()) {
@@ -396,6 +426,9 @@ pub fn check_decode_token_ids(
     let cut = pieces(&plan.split_sizes(), 1)?;
     if cut.len() != model.len() || cut.last().map_or(0, |r| r.end) != plan.num_values() {
         return Err("the split sizes do not cut the values into the rows".into());
+    }
+    if cut_rows(plan)? != cut {
+        return Err("rows_of cuts other rows than the split sizes".into());
     }
     let mut none = Vec::new();
     for (i, (want, range)) in model.iter().zip(&cut).enumerate() {

@@ -42,6 +42,8 @@
 //! slices from the end; a number past the vocabulary, or an id outside it,
 //! fails there) is refused, so that the release's code runs on it.
 
+use std::ops::Range;
+
 use crate::lengths::check_size;
 use crate::{Field, PlanError};
 
@@ -184,6 +186,23 @@ impl SpecLogprobsPlan {
     /// Per row, where its values start in the flat values and how many.
     pub fn spans(&self) -> &[(usize, usize)] {
         &self.spans
+    }
+
+    /// Where each row's values lie among `num_values` flat values, in
+    /// order; refuses any count but the plan's, so that no range lies past
+    /// the values.
+    pub fn rows_of(
+        &self,
+        num_values: usize,
+    ) -> Result<impl ExactSizeIterator<Item = Range<usize>> + '_, PlanError> {
+        if num_values != self.num_values {
+            return Err(PlanError::ValueCount {
+                got: num_values,
+                expected: self.num_values,
+                gathered: false,
+            });
+        }
+        Ok(self.spans.iter().map(|&(start, len)| start..start + len))
     }
 
     /// The rows that ask for no token id (`None`).

@@ -355,6 +355,65 @@ fn token_ids_refusals_name_the_request() {
     assert!(TokenIdsPlan::new(&[0, 2], &[None, Some(&[1][..])], 9, whole).is_ok());
 }
 
+#[test]
+fn token_ids_nest_cuts_the_values_into_each_entry_s_rows() {
+    // Request 0 continues the previous chunk's entry (2 rows of [7, 3]);
+    // request 1 has nothing to score, request 2 asks for no ids, request 3
+    // for an empty list (a row of no value), request 4 runs past the chunk.
+    let lists = [
+        Some(vec![7, 3]),
+        Some(vec![1]),
+        None,
+        Some(vec![]),
+        Some(vec![5]),
+    ];
+    let ids = ids_of(&lists);
+    let walk = Walk::chunk(6, 1);
+    let plan = TokenIdsPlan::new(&[3, 0, 1, 1, 4], &ids, 8, walk).unwrap();
+    check_token_ids(&plan, &[3, 0, 1, 1, 4], &ids, walk).unwrap();
+    assert_eq!(plan.num_values(), 6);
+    let entries = plan.nest(6).unwrap();
+    let cut: Vec<_> = entries
+        .iter()
+        .map(|e| {
+            let rows: Vec<_> = e.row_values().map(|r| (r.start, r.end)).collect();
+            (e.ids_of(), e.extends(), rows)
+        })
+        .collect();
+    assert_eq!(
+        cut,
+        vec![
+            (Some(0), true, vec![(0, 2), (2, 4)]),
+            (None, false, vec![]),
+            (None, false, vec![]),
+            (Some(3), false, vec![(4, 4)]),
+            (Some(4), false, vec![(4, 5), (5, 6)]),
+        ]
+    );
+    assert_eq!(plan.next_split(), 2);
+}
+
+#[test]
+fn token_ids_nest_refuses_values_of_another_plan() {
+    let plan = TokenIdsPlan::new(&[2], &[Some(&[1, 2][..])], 8, Walk::chunk(2, 0)).unwrap();
+    for got in [0, 3, 5, usize::MAX] {
+        let err = plan.nest(got).unwrap_err();
+        assert_eq!((err.kind(), err.request()), ("bad_buffer", None));
+        assert_eq!(
+            err.to_string(),
+            format!("values holds {got} items, the plan gathers 4")
+        );
+    }
+    // No entry at all (an empty chunk of an older walk) takes no value.
+    let empty = Walk {
+        skip_empty: true,
+        ..Walk::chunk(0, 0)
+    };
+    let plan = TokenIdsPlan::new(&[2], &[Some(&[1][..])], 8, empty).unwrap();
+    assert!(plan.nest(0).unwrap().is_empty());
+    assert_eq!(plan.nest(1).unwrap_err().kind(), "bad_buffer");
+}
+
 fn token_id_lists() -> impl Strategy<Value = Vec<(i64, Option<Vec<i64>>)>> {
     let request = (
         prop_oneof![Just(0i64), Just(-1), 1i64..6, 1i64..40],
@@ -463,6 +522,32 @@ fn spec_refusals_name_the_row() {
         plan.fill(&mut short).unwrap_err().kind(),
         "buffer_too_small"
     );
+}
+
+#[test]
+fn spec_rows_of_cuts_ragged_rows_and_refuses_other_values() {
+    let plan = SpecLogprobsPlan::top_k(&[2, 0, 1, 2], 5, 10).unwrap();
+    let rows: Vec<_> = plan.rows_of(8).unwrap().collect();
+    assert_eq!(rows, vec![0..2, 2..2, 4..5, 6..8]);
+    let lists = [Some(vec![7, 3]), Some(vec![]), None, Some(vec![-1])];
+    let plan = SpecLogprobsPlan::token_ids(&ids_of(&lists), 4, 10).unwrap();
+    let rows: Vec<_> = plan.rows_of(3).unwrap().collect();
+    assert_eq!(rows, vec![0..2, 2..2, 2..2, 2..3]);
+    // Rows without any id: no value to cut, every row empty.
+    let plan = SpecLogprobsPlan::token_ids(&ids_of(&[None, Some(vec![])]), 2, 10).unwrap();
+    assert_eq!(
+        plan.rows_of(0).unwrap().collect::<Vec<_>>(),
+        vec![0..0, 0..0]
+    );
+    for got in [0, 2, 4, usize::MAX] {
+        let plan = SpecLogprobsPlan::token_ids(&ids_of(&lists), 4, 10).unwrap();
+        let err = plan.rows_of(got).err().unwrap();
+        assert_eq!((err.kind(), err.request()), ("bad_buffer", None));
+        assert_eq!(
+            err.to_string(),
+            format!("values holds {got} items, the plan has 3")
+        );
+    }
 }
 
 fn spec_ids() -> impl Strategy<Value = Vec<Option<Vec<i64>>>> {

@@ -99,6 +99,38 @@ pub enum Entry {
     },
 }
 
+impl Entry {
+    /// The request whose token-id list sits beside each of the entry's rows
+    /// in the release's id lists; None when the entry has no row.
+    pub fn ids_of(&self) -> Option<usize> {
+        match *self {
+            Entry::Rows { request, rows, .. } if rows > 0 => Some(request),
+            _ => None,
+        }
+    }
+
+    /// Whether the entry is added to the caller's last entry rather than
+    /// appended as a fresh one.
+    pub fn extends(&self) -> bool {
+        matches!(self, Entry::Rows { extend: true, .. })
+    }
+
+    /// Where each of the entry's rows lies among the gathered values, in
+    /// order: `width` values from `value` on, one row after the other.
+    pub fn row_values(&self) -> impl ExactSizeIterator<Item = Range<usize>> {
+        let (value, width, rows) = match *self {
+            Entry::Rows {
+                value, width, rows, ..
+            } => (value, width, rows.max(0) as usize),
+            Entry::Empty => (0, 0, 0),
+        };
+        (0..rows).map(move |row| {
+            let start = value + row * width;
+            start..start + width
+        })
+    }
+}
+
 /// A validated token-ids plan for one call of the release's function.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenIdsPlan {
@@ -207,6 +239,20 @@ impl TokenIdsPlan {
     /// What each walked request adds, in order.
     pub fn entries(&self) -> &[Entry] {
         &self.entries
+    }
+
+    /// The entries, once `num_values` gathered values are to be cut into
+    /// them (see [`Entry::row_values`]); refuses any count but the plan's,
+    /// so that no range lies past the values.
+    pub fn nest(&self, num_values: usize) -> Result<&[Entry], PlanError> {
+        if num_values != self.num_values {
+            return Err(PlanError::ValueCount {
+                got: num_values,
+                expected: self.num_values,
+                gathered: true,
+            });
+        }
+        Ok(&self.entries)
     }
 
     /// What the release's function returns: the rows of the last request
