@@ -587,10 +587,7 @@ impl PyTokenIdsPlan {
     /// Whether the first entry extends the caller's last one.
     #[getter]
     fn extends(&self) -> bool {
-        matches!(
-            self.plan.entries().first(),
-            Some(Entry::Rows { extend: true, .. })
-        )
+        self.plan.entries().first().is_some_and(Entry::extends)
     }
 
     /// The `int64` count of the buffer: the flat indices and, with
@@ -640,42 +637,18 @@ impl PyTokenIdsPlan {
         idx_out: &Bound<'_, PyList>,
     ) -> PyResult<()> {
         let py = values.py();
-        if values.len() != self.plan.num_values() {
-            return Err(plan_error(
-                format!(
-                    "values holds {} items, the plan gathers {}",
-                    values.len(),
-                    self.plan.num_values()
-                ),
-                "bad_buffer",
-                None,
-            ));
-        }
-        for entry in self.plan.entries() {
-            let Entry::Rows {
-                request,
-                rows,
-                width,
-                value,
-                extend,
-            } = *entry
-            else {
-                val_out.append(PyList::empty(py))?;
-                idx_out.append(PyList::empty(py))?;
-                continue;
-            };
-            let rows = rows as usize;
+        for entry in self.plan.nest(values.len()).map_err(core_error)? {
             let val = PyList::empty(py);
             let idx = PyList::empty(py);
-            if rows > 0 {
+            if let Some(request) = entry.ids_of() {
+                // The same list object on every row, as the release does.
                 let ids = token_ids.get_item(request)?;
-                for r in 0..rows {
-                    let start = value + r * width;
-                    val.append(values.get_slice(start, start + width))?;
+                for row in entry.row_values() {
+                    val.append(values.get_slice(row.start, row.end))?;
                     idx.append(&ids)?;
                 }
             }
-            if extend {
+            if entry.extends() {
                 last_item(val_out)?.call_method1(intern!(py, "extend"), (val,))?;
                 last_item(idx_out)?.call_method1(intern!(py, "extend"), (idx,))?;
             } else {
@@ -776,24 +749,11 @@ impl PySpecLogprobsPlan {
     /// Every row's values as a fresh list, cut from `values` (the flat
     /// values as one list, `.tolist()` of the flat tensor).
     fn rows_of<'py>(&self, values: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyList>> {
-        let py = values.py();
-        if values.len() != self.plan.num_values() {
-            return Err(plan_error(
-                format!(
-                    "values holds {} items, the plan has {}",
-                    values.len(),
-                    self.plan.num_values()
-                ),
-                "bad_buffer",
-                None,
-            ));
-        }
-        let rows = self
-            .plan
-            .spans()
-            .iter()
-            .map(|&(start, len)| values.get_slice(start, start + len));
-        PyList::new(py, rows)
+        let rows = self.plan.rows_of(values.len()).map_err(core_error)?;
+        PyList::new(
+            values.py(),
+            rows.map(|row| values.get_slice(row.start, row.end)),
+        )
     }
 
     fn __repr__(&self) -> String {
