@@ -301,11 +301,24 @@ fn extract_lens(obj: &Bound<'_, PyAny>, field: Field) -> PyResult<Vec<i64>> {
     ))
 }
 
-fn extract_rows(num_rows: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
-    match num_rows {
-        Some(rows) if !rows.is_none() => Ok(Some(extract_len(rows, Field::NumRows, None)?)),
-        _ => Ok(None),
+/// A plan built by `build` and, when `num_rows` is given (not None),
+/// checked by `check` against it. `num_rows` is read before `build` runs,
+/// so a row count that is no int is refused before the core judges the
+/// lengths.
+fn with_rows<P>(
+    num_rows: Option<&Bound<'_, PyAny>>,
+    build: impl FnOnce() -> Result<P, CoreError>,
+    check: impl FnOnce(&P, i64) -> Result<(), CoreError>,
+) -> PyResult<P> {
+    let rows = match num_rows {
+        Some(rows) if !rows.is_none() => Some(extract_len(rows, Field::NumRows, None)?),
+        _ => None,
+    };
+    let plan = build().map_err(core_error)?;
+    if let Some(rows) = rows {
+        check(&plan, rows).map_err(core_error)?;
     }
+    Ok(plan)
 }
 
 /// The writable, contiguous `int64` slice of a 1-D NumPy array, or PlanError.
@@ -355,11 +368,11 @@ impl PyPrunePlan {
     ) -> PyResult<Self> {
         let extend = extract_lens(extend_seq_lens, Field::ExtendSeqLens)?;
         let start = extract_lens(extend_logprob_start_lens, Field::ExtendLogprobStartLens)?;
-        let rows = extract_rows(num_rows)?;
-        let plan = PrunePlan::new(&extend, &start).map_err(core_error)?;
-        if let Some(rows) = rows {
-            plan.check_rows(rows, exact_rows).map_err(core_error)?;
-        }
+        let plan = with_rows(
+            num_rows,
+            || PrunePlan::new(&extend, &start),
+            |plan, rows| plan.check_rows(rows, exact_rows),
+        )?;
         Ok(PyPrunePlan { plan })
     }
 
@@ -450,11 +463,11 @@ impl PyRotationPlan {
     #[pyo3(signature = (extend_lens, num_rows=None))]
     fn new(extend_lens: &Bound<'_, PyAny>, num_rows: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let lens = extract_lens(extend_lens, Field::ExtendLens)?;
-        let rows = extract_rows(num_rows)?;
-        let plan = RotationPlan::new(&lens).map_err(core_error)?;
-        if let Some(rows) = rows {
-            plan.check_rows(rows).map_err(core_error)?;
-        }
+        let plan = with_rows(
+            num_rows,
+            || RotationPlan::new(&lens),
+            RotationPlan::check_rows,
+        )?;
         Ok(PyRotationPlan { plan })
     }
 
@@ -500,8 +513,13 @@ fn last_item<'py>(out: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyAny>> {
     }
 }
 
-/// The token ids of the first `walked` requests: None, or a list of ints.
-fn extract_token_ids(obj: &Bound<'_, PyAny>, walked: usize) -> PyResult<Vec<Option<Vec<i64>>>> {
+/// A plan built by `build` from the token ids of the first `walked`
+/// requests (each None or a list of ints), lent as the core takes them.
+fn with_token_ids<P>(
+    obj: &Bound<'_, PyAny>,
+    walked: usize,
+    build: impl FnOnce(&[Option<&[i64]>]) -> Result<P, CoreError>,
+) -> PyResult<P> {
     let list = obj.cast::<PyList>().map_err(|_| {
         plan_error(
             format!(
@@ -512,10 +530,10 @@ fn extract_token_ids(obj: &Bound<'_, PyAny>, walked: usize) -> PyResult<Vec<Opti
             None,
         )
     })?;
-    let mut out = Vec::with_capacity(walked.min(list.len()));
+    let mut lists = Vec::with_capacity(walked.min(list.len()));
     for (request, item) in list.iter().take(walked).enumerate() {
         if item.is_none() {
-            out.push(None);
+            lists.push(None);
             continue;
         }
         let ids = item.cast::<PyList>().map_err(|_| {
@@ -528,9 +546,10 @@ fn extract_token_ids(obj: &Bound<'_, PyAny>, walked: usize) -> PyResult<Vec<Opti
                 Some(request),
             )
         })?;
-        out.push(Some(collect_lens(ids.iter(), ids.len(), Field::TokenIds)?));
+        lists.push(Some(collect_lens(ids.iter(), ids.len(), Field::TokenIds)?));
     }
-    Ok(out)
+    let ids: Vec<Option<&[i64]>> = lists.iter().map(|l| l.as_deref()).collect();
+    build(&ids).map_err(core_error)
 }
 
 /// The token-id logprobs of one call of SGLang's input-logprob function:
@@ -560,15 +579,15 @@ impl PyTokenIdsPlan {
         whole: bool,
     ) -> PyResult<Self> {
         let lens = extract_lens(pruned_lens, Field::PrunedLens)?;
-        let lists = extract_token_ids(token_ids, lens.len())?;
-        let ids: Vec<Option<&[i64]>> = lists.iter().map(|l| l.as_deref()).collect();
         let walk = Walk {
             rows,
             split,
             skip_empty,
             whole,
         };
-        let plan = TokenIdsPlan::new(&lens, &ids, vocab, walk).map_err(core_error)?;
+        let plan = with_token_ids(token_ids, lens.len(), |ids| {
+            TokenIdsPlan::new(&lens, ids, vocab, walk)
+        })?;
         Ok(PyTokenIdsPlan { plan })
     }
 
@@ -692,9 +711,9 @@ impl PySpecLogprobsPlan {
     /// of ints) of a `[rows, vocab]` logprobs tensor.
     #[staticmethod]
     fn token_ids(token_ids: &Bound<'_, PyAny>, rows: i64, vocab: i64) -> PyResult<Self> {
-        let lists = extract_token_ids(token_ids, usize::MAX)?;
-        let ids: Vec<Option<&[i64]>> = lists.iter().map(|l| l.as_deref()).collect();
-        let plan = SpecLogprobsPlan::token_ids(&ids, rows, vocab).map_err(core_error)?;
+        let plan = with_token_ids(token_ids, usize::MAX, |ids| {
+            SpecLogprobsPlan::token_ids(ids, rows, vocab)
+        })?;
         Ok(PySpecLogprobsPlan { plan })
     }
 
