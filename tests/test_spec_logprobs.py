@@ -14,6 +14,10 @@ themselves.
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+import re
+import sys
 import textwrap
 import types
 
@@ -21,7 +25,7 @@ import flatgather.sglang as fs
 import numpy as np
 import pytest
 import torch
-from _sglang import RELEASE  # noqa: F401  (skips without a release)
+from _sglang import RELEASE  # skips without a release
 from flatgather import PlanError
 from flatgather._core import SpecLogprobsPlan
 from flatgather.bench import spec_chain as sc
@@ -398,6 +402,154 @@ def test_a_chain_helper_that_differs_leaves_the_methods_stock(monkeypatch, fresh
     monkeypatch.setattr(spec_logprobs, "_views", lambda plan, flat: [flat] * plan.num_rows)
     prepared = spec_logprobs_check.prepare_consumers(utils)
     assert not prepared.patches and prepared.notes, prepared
+
+
+# --- the host copy: only the releases' own ----------------------------------------------------
+
+# The element of copy_to_cpu's comprehensions, as every release writes it:
+# `v.to("cpu", non_blocking=True)` up to 0.5.14, `_async_d2h(v)` since.
+_COPY_ELT = re.compile(r'(\w+\((\w)\)|(\w)\.to\("cpu", non_blocking=True\)) if torch\.is_tensor')
+
+
+def _host_copy(t):
+    """A one-argument host copy that is none of the releases': on a CPU it
+    gives what theirs give, and it has no pinned branch."""
+    return t.to("cpu", non_blocking=True)
+
+
+def _copy_mutant(tmp_path, monkeypatch, element: str | None):
+    """The release's ``GenerationBatchResult.copy_to_cpu``, its source in a
+    module of its own that reads the release module's globals, with each
+    logprob row's copy written as ``element`` (a format of the row's name;
+    None: as the release writes it); and a stand-in for the release's module
+    holding it, for :func:`spec_logprobs_check.prepare_consumers`."""
+    import sglang.srt.managers.utils as utils
+
+    text = textwrap.dedent(inspect.getsource(CHAIN.stock["copy_to_cpu"]))
+    if element is not None:
+        text, n = _COPY_ELT.subn(
+            lambda m: element.format(m.group(2) or m.group(3)) + " if torch.is_tensor", text
+        )
+        assert n == 3, text
+    name = f"fg_copy_mutant_{abs(hash((element, RELEASE)))}"
+    (tmp_path / f"{name}.py").write_text(
+        f"import {utils.__name__} as _release\n"
+        "globals().update({k: v for k, v in vars(_release).items() if not k.startswith('__')})\n"
+        f"from {__name__} import _host_copy\n"
+        f"class GenerationBatchResult:\n{textwrap.indent(text, '    ')}"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    sys.modules.pop(name)
+    return types.SimpleNamespace(
+        __name__=utils.__name__, GenerationBatchResult=module.GenerationBatchResult
+    )
+
+
+@pytest.mark.matrix
+def test_a_host_copy_of_other_code_leaves_copy_to_cpu_stock(tmp_path, monkeypatch):
+    """On a CPU every release's host copy returns its input (or a plain
+    copy): the check against the release's loop cannot tell another
+    one-argument copy from the release's, so the copy must be one of the
+    releases' own (its fingerprint in COPY_HELPERS)."""
+    # The harness itself refuses nothing: the release's own copy is rebuilt.
+    same = spec_logprobs_check.prepare_consumers(_copy_mutant(tmp_path, monkeypatch, None))
+    assert [p.name for p in same.patches] == ["copy_to_cpu"] and not same.notes, same
+    other = spec_logprobs_check.prepare_consumers(
+        _copy_mutant(tmp_path, monkeypatch, "_host_copy({0})")
+    )
+    assert not other.patches, other
+    (note,) = other.notes
+    assert "copy_to_cpu left stock" in note and "_host_copy" in note, note
+    assert "not a host copy flatgather knows" in note, note
+
+
+@pytest.mark.matrix
+def test_the_release_s_host_copy_is_known():
+    import sglang.srt.managers.utils as utils
+
+    helper = vars(utils).get("_async_d2h")
+    if helper is None:  # up to 0.5.14: v.to("cpu", non_blocking=True) inline
+        assert "_async_d2h" not in inspect.getsource(CHAIN.stock["copy_to_cpu"])
+        return
+    found = spec_logprobs_check._copy_fingerprint(helper)
+    assert RELEASE in spec_logprobs_check.COPY_HELPERS.get(found, ()), (
+        f"{RELEASE}: host copy fingerprint {found} not in COPY_HELPERS; regenerate it"
+    )
+
+
+def _copies_to_host(device: str, stock: bool, step, counter: list) -> dict:
+    """Stages 1 and 2 of ``step`` on ``device`` (the release's own objects,
+    or whatever is installed), each copy's ``record_stream`` counted: the
+    host rows and whether each is pinned."""
+    lo = sc._logits_output(step)
+    if stock:
+        with fs.module_functions_as_shipped():
+            sc._stage1(CHAIN, step, lo)
+    else:
+        sc._stage1(CHAIN, step, lo)
+    result = CHAIN.result_cls(logits_output=lo, next_token_ids=step.predict)
+    result.copy_done = torch.cuda.Event() if device == "cuda" else sc._Event()
+    copy = CHAIN.stock["copy_to_cpu"] if stock else CHAIN.result_cls.copy_to_cpu
+    before = len(counter)
+    copy(result, return_logprob=True)
+    result.copy_done.synchronize()
+    rows = {
+        "top_val": lo.next_token_top_logprobs_val,
+        "top_idx": lo.next_token_top_logprobs_idx,
+        "ids_val": lo.next_token_token_ids_logprobs_val,
+    }
+    # A row of no values may have no memory at all: its pinning means nothing.
+    pinned = {
+        k: [v.is_pinned() for v in rows_ if torch.is_tensor(v) and v.numel()]
+        for k, rows_ in rows.items()
+    }
+    return {
+        "rows": rows,
+        "pinned": pinned,
+        "record_stream": len(counter) - before,
+        # Whether the host rows are handed on flat (flatgather's copy ran).
+        "flat": spec_logprobs.registered(rows["top_val"]),
+    }
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_copy_to_cpu_is_the_release_s_on_the_device(device):
+    """Stage 2 on the device's tensors: on CUDA the release's copy takes its
+    pinned branch (a pinned host tensor, the copy, record_stream per row),
+    which no CPU run reaches. flatgather's copy gives the same host rows,
+    pinned where the release's are, with one record_stream per flat
+    tensor."""
+    counter: list = []
+    real = torch.Tensor.record_stream
+
+    def record_stream(self, stream):
+        counter.append(1)
+        return real(self, stream)
+
+    assert "record_stream" not in vars(torch.Tensor)  # inherited: deleted after
+    torch.Tensor.record_stream = record_stream
+    try:
+        ids = IDS[:5] if NONE_AS_TENSOR else [[3, 1], [], [2, -1, 47, 2], [0], [-48, 5, 4, 9]]
+        step = sc.make_step(5, 4, [0, 1, 20, 3, 5], ids, vocab=VOCAB, dtype=torch.bfloat16)
+        step.logits, step.predict = step.logits.to(device), step.predict.to(device)
+        expected = _copies_to_host(device, True, step, counter)
+        fs.install()
+        actual = _copies_to_host(device, False, step, counter)
+    finally:
+        del torch.Tensor.record_stream
+    assert actual["flat"] and not expected["flat"], "flatgather's copy did not take its path"
+    found = difference(actual["rows"], expected["rows"], "host rows")
+    assert found is None, found
+    assert actual["pinned"] == expected["pinned"]
+    if device == "cuda":
+        assert any(any(p) for p in expected["pinned"].values()), "no pinned row: no device branch"
+    if expected["record_stream"]:  # the helpers' device branch (0.5.15 on)
+        # One per flat tensor (top val, top idx, token-id val), not per row.
+        assert 0 < actual["record_stream"] <= 3 < expected["record_stream"], (expected, actual)
+    else:  # `.to("cpu", non_blocking=True)` (pinned by torch on CUDA), or a CPU run
+        assert actual["record_stream"] == 0
 
 
 def test_move_logprobs_to_cpu_is_the_release_s():

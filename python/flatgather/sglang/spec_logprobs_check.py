@@ -30,6 +30,17 @@ Two kinds of patch, each prepared when its module is imported:
   lists both producers make, and the results (and the next stage's
   ``.tolist()`` of them) compared. A comprehension over those lists of any
   other shape leaves the method stock, with a note.
+
+  The host copy of ``copy_to_cpu`` is checked before that, by what it is:
+  on a CPU every release's copy returns its input (or a plain copy), so the
+  comparison never reaches the branch a server runs (a pinned host tensor,
+  the copy, ``record_stream``). It must be ``v.to("cpu", non_blocking=True)``
+  (up to 0.5.14) or a call of a helper whose fingerprint
+  (:func:`flatgather.sglang.shapes.fingerprint`: its proven source and what
+  its globals are bound to) is one of :data:`COPY_HELPERS`, the releases'
+  ``_async_d2h`` / ``async_d2h``; any other one-argument call leaves the
+  method stock, with a note. ``tests/test_spec_logprobs.py`` compares the
+  pinned branch itself where a CUDA device is present.
 """
 
 from __future__ import annotations
@@ -49,7 +60,15 @@ from flatgather.sglang import shapes, source, spec_logprobs
 from flatgather.sglang.compare import first_difference
 from flatgather.sglang.patching import Patch, Prepared
 
-__all__ = ["CONSUMERS", "PRODUCERS", "prepare_consumers", "prepare_producers", "rewrite"]
+__all__ = [
+    "CONSUMERS",
+    "COPY_HELPERS",
+    "PRODUCERS",
+    "prepare_consumers",
+    "prepare_producers",
+    "rewrite",
+    "unknown_copy",
+]
 
 PRODUCER_MODULES = (
     "sglang.srt.layers.logprob_processor",
@@ -284,12 +303,27 @@ def _is_method_call(node, owner: str, method: str, args: int = 0) -> bool:
     )
 
 
+def _helper_call(node, v: str) -> str | None:
+    """The name ``f`` of a call ``f(v)``, else None."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and len(node.args) == 1
+        and not node.keywords
+        and _is_name(node.args[0], v)
+    ):
+        return node.func.id
+    return None
+
+
 def _is_copy(node, v: str) -> bool:
-    """``f(v)`` (the release's ``_async_d2h``) or ``v.to("cpu", non_blocking=True)``."""
+    """``v.to("cpu", non_blocking=True)``, or ``f(v)``: a helper's call,
+    which :func:`unknown_copy` then requires to be one of the releases' own
+    (:data:`COPY_HELPERS`)."""
     if not isinstance(node, ast.Call):
         return False
-    if isinstance(node.func, ast.Name) and len(node.args) == 1 and not node.keywords:
-        return _is_name(node.args[0], v)
+    if _helper_call(node, v) is not None:
+        return True
     return (
         _is_method_call(node, v, "to", 1)
         and isinstance(node.args[0], ast.Constant)
@@ -403,6 +437,73 @@ def rewrite(tree: ast.FunctionDef) -> Rewrite | str | None:
         return "the rewritten method is not the release's with the loops put back"
     elts = {ast.unparse(call.args[1]): (call.func.id, call.args[1]) for call, _ in replace.replaced}
     return Rewrite(work, elts)
+
+
+COPY_HELPERS: dict[str, tuple[str, ...]] = {
+    "2378479a2a26e13c": (
+        "0.5.15",
+        "0.5.15.post1",
+        "0.5.16",
+        "0.5.17",
+        "0.5.18",
+        "0.5.19",
+        "0.5.20",
+    ),
+    "bbd1a2aa5314e9c3": ("0.5.21", "0.5.22"),
+    "a5670d8246b0e1d8": ("0.5.23",),
+}
+"""The per-tensor host copies flatgather knows (``_async_d2h`` of
+``managers/utils`` from 0.5.15, ``utils.common.async_d2h`` imported under
+that name from 0.5.21), by :func:`flatgather.sglang.shapes.fingerprint`, and
+the releases that have each. Each takes one tensor and returns its host copy
+(on a GPU: a fresh pinned tensor, one non-blocking copy, ``record_stream`` on
+the source), so one call on the flat tensor is the rows' calls at once.
+Regenerate with ``python -m flatgather.sglang.spec_logprobs_check`` under
+each release."""
+
+_copy_fingerprints: dict[types.FunctionType, str] = {}
+
+
+def _copy_fingerprint(helper: types.FunctionType) -> str:
+    """The helper's fingerprint (cached per function: the code, its
+    globals' bindings and its file do not change under a running server
+    without the function changing)."""
+    found = _copy_fingerprints.get(helper)
+    if found is None:
+        found = _copy_fingerprints[helper] = shapes.fingerprint(None, helper)
+    return found
+
+
+def unknown_copy(method: source.Method, result: Rewrite, closure=()) -> str | None:
+    """Why the host copy of a replaced ``TO_HOST`` comprehension is not one
+    flatgather knows, or None: a helper call ``f(v)`` must resolve, in the
+    method's globals, to a function of :data:`COPY_HELPERS`. On a CPU no
+    release's copy takes its device branch, so the check of
+    :func:`_verify_chain` cannot tell a helper of other code from the
+    release's."""
+    for text, (kind, fn) in result.elts.items():
+        if kind != TO_HOST:
+            continue
+        name = _helper_call(fn.body.body, fn.args.args[0].arg)
+        if name is None:
+            continue  # v.to("cpu", non_blocking=True)
+        if name in closure or name in method.function.__code__.co_varnames:
+            return f"`{text}` copies with {name}, not a module-level helper"
+        helper = method.function.__globals__.get(name)
+        where = f"{getattr(helper, '__module__', '?')}.{getattr(helper, '__qualname__', name)}"
+        if not isinstance(helper, types.FunctionType):
+            return f"`{text}` copies with {name}, which is not a plain function"
+        try:
+            found = _copy_fingerprint(helper)
+        except source.SourceMismatch as exc:
+            return f"`{text}` copies with {where}, whose source is not proven: {exc}"
+        if found not in COPY_HELPERS:
+            return (
+                f"`{text}` copies with {where} (fingerprint {found}), not a host copy "
+                f"flatgather knows (known: {', '.join(sorted(COPY_HELPERS))}): on a CPU its "
+                "device branch cannot be compared"
+            )
+    return None
 
 
 _HELPERS = {TO_HOST: spec_logprobs.rows_to_host, TOLIST: spec_logprobs.rows_tolist}
@@ -527,6 +628,10 @@ def _prepare_consumers(module) -> Prepared:
         if isinstance(result, str):
             notes.append(f"{where} left stock: {result}")
             continue
+        problem = unknown_copy(method, result, closure)
+        if problem:
+            notes.append(f"{where} left stock: {problem}")
+            continue
         problem = _verify_chain(method, result)
         if problem:
             notes.append(f"{where} left stock: checked against the release's loop, {problem}")
@@ -542,3 +647,20 @@ def _prepare_consumers(module) -> Prepared:
         built.__flatgather_original__ = shipped
         patches.append(Patch(owner, name, built))
     return Prepared(patches=patches, applied=(CONSUMERS,) if patches else (), notes=tuple(notes))
+
+
+def main() -> int:
+    """Print the running release's version and the fingerprint of its host
+    copy helper, if it has one (for :data:`COPY_HELPERS`)."""
+    from flatgather.bench import spec_chain
+    from flatgather.sglang.releases import sglang_release
+
+    # Imported as the tests import it (0.5.10's needs the sgl_kernel stand-in).
+    helper = vars(sys.modules[spec_chain.find().result_cls.__module__]).get("_async_d2h")
+    found = _copy_fingerprint(helper) if isinstance(helper, types.FunctionType) else "none"
+    print(sglang_release(), found)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
