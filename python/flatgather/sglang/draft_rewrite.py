@@ -168,6 +168,20 @@ def _sets_no_logprob(stmt: ast.AST, target: str | None = None) -> bool:
     )
 
 
+def _sets_logprob(stmt: ast.AST, target: str) -> bool:
+    """Any assignment to ``<target>.return_logprob``."""
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+    if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
+        targets = [stmt.target]
+    return any(
+        isinstance(t, ast.Attribute)
+        and t.attr == "return_logprob"
+        and isinstance(t.value, ast.Name)
+        and t.value.id == target
+        for t in targets
+    )
+
+
 def add_no_logprob(tree: ast.FunctionDef) -> bool | str:
     """Insert ``<fb>.return_logprob = False`` right after ``<fb> =
     ForwardBatch.init_new(...)`` where the method lacks it. True when
@@ -182,6 +196,10 @@ def add_no_logprob(tree: ast.FunctionDef) -> bool | str:
     fb = init.targets[0].id
     if any(_sets_no_logprob(s, fb) and s.lineno > init.lineno for s in statements):
         return False
+    if any(_sets_logprob(s, fb) for s in statements):
+        # The method decides the draft forward's logprobs itself: a False
+        # inserted before its own assignment would be overwritten.
+        return f"it sets {fb}.return_logprob itself, to something other than False"
     fix = ast.Assign(
         [ast.Attribute(ast.Name(fb, ast.Load()), "return_logprob", ast.Store())],
         ast.Constant(False),

@@ -958,6 +958,19 @@ _CASES: tuple[tuple[tuple[Request, ...], bool], ...] = (
         True,
     ),
     ((_r(4, 4, skipped="retracted"), _r(3, 0), _r(2, 0, skipped="finished")), True),
+    # A middle chunk right before a skipped request: the advance over the
+    # skipped one starts where the chunk's own branch leaves the cursor.
+    (
+        (
+            _r(4, 1, top=1, middle_chunk=True),
+            _r(3, 0, skipped="retracted"),
+            _r(2, 0, token_ids=True),
+            _r(3, 1, middle_chunk=True),
+            _r(2, 0, skipped="finished"),
+            _r(3, 0),
+        ),
+        True,
+    ),
     ((_r(3, 0), _r(2, 0, skipped="retracted"), _r(4, 1)), False),
 )
 

@@ -1,0 +1,84 @@
+"""Run the mutation suite against the SGLang release on ``sys.path``.
+
+    cd tests && PYTHONPATH=../.sglang/0.5.23 ../.venv/bin/python -m mutation --sample 40
+
+Prints one line per mutant whose verdict is not "refused" or "patched and
+exact", a progress line every 25 mutants, and a summary per target; exits 1
+when any mutant was silently different (or patched without being compared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import targets
+from .suite import run, summary
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mutation")
+    parser.add_argument("--sample", type=int, help="mutants per target (all if unset)")
+    parser.add_argument("--cases", type=int, default=30, help="random inputs per patched mutant")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--target", action="append", help="only these targets (by name)")
+    parser.add_argument("--json", type=Path, help="write every verdict here")
+    parser.add_argument(
+        "--no-shape-gate",
+        action="store_true",
+        help="answer yes to every fingerprint: what the probe and checks alone let through",
+    )
+    args = parser.parse_args(argv)
+    targets.SHAPE_GATE = not args.no_shape_gate
+
+    started = time.monotonic()
+
+    def progress(done: int, total: int, record) -> None:
+        if record.verdict not in ("refused", "patched and exact"):
+            print(f"  {record.verdict}: {record.target} {record.description}: {record.detail}")
+        if done % 25 == 0 or done == total:
+            print(f"[{time.monotonic() - started:6.1f}s] {done}/{total} mutants", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="flatgather-mutants-") as tmp:
+        records, release = run(
+            Path(tmp),
+            sample=args.sample,
+            cases=args.cases,
+            seed=args.seed,
+            only=args.target,
+            progress=progress,
+        )
+    table = summary(records)
+    print(f"SGLang {release}: {len(records)} mutants in {time.monotonic() - started:.0f} s")
+    for row in table:
+        print(
+            f"  {row['target']}: {row['mutants']} mutants, {row['patched and exact']} patched and "
+            f"exact, {row['refused']} refused, {row['silently different']} silently different, "
+            f"{row['equivalent refused']}/{row['equivalent']} equivalent refused, "
+            f"{row['invalid']} invalid"
+        )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "release": release,
+                    "sample": args.sample,
+                    "cases": args.cases,
+                    "seed": args.seed,
+                    "shape_gate": targets.SHAPE_GATE,
+                    "summary": table,
+                    "mutants": [r.__dict__ for r in records],
+                },
+                indent=1,
+            )
+        )
+    bad = sum(row["silently different"] for row in table)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

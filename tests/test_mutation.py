@@ -1,0 +1,137 @@
+"""The mutation suite, bounded: a seeded sample of the one-edit mutants of
+every function flatgather patches in the release under test, each handed to
+flatgather's patcher as a fork's code would be, and whatever is then in
+place run side by side with the mutant on random inputs. None may answer
+otherwise than the mutant (``tests/mutation``; the whole suite on demand:
+``cd tests && python -m mutation``, figure in docs/reliability.md).
+
+Not matrix-marked: it runs on the full-suite releases."""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass
+
+import pytest
+from _sglang import DRAFT_NO_LOGPROB
+from mutation import targets
+from mutation.mutants import Mutant, mutants
+from mutation.suite import chosen, judge
+
+
+@dataclass(frozen=True)
+class Edited(Mutant):
+    replacement: ast.FunctionDef | None = None
+
+    def apply(self, function: ast.FunctionDef) -> ast.FunctionDef:
+        return self.replacement
+
+
+SAMPLE = int(os.environ.get("FLATGATHER_MUTANTS", "16"))
+TARGETS = {t.name: t for t in targets.targets()}
+
+
+def _judged(target, tmp_path, pick, cases=15):
+    _, tree, node = targets.release_tree(target)
+    return [judge(target, m, tree, node, tmp_path, cases, 0) for m in pick(mutants(node))]
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_no_mutant_is_silently_different(name, tmp_path):
+    target = TARGETS[name]
+    records = _judged(target, tmp_path, lambda found: chosen(found, SAMPLE, seed=0))
+    different = [r for r in records if r.verdict == "silently different"]
+    assert not different, [(r.description, r.detail) for r in different]
+    assert not [r for r in records if r.verdict == "invalid"]
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_the_oracle_runs_the_unchanged_function(name, tmp_path):
+    """The control: the release's function, unchanged, in a module of its
+    own, is patched where flatgather patches the release, and the oracle's
+    inputs reach it (it returns on them, rather than every side failing the
+    same way)."""
+    target = TARGETS[name]
+    if target.whole_function:
+        # Any mutant of these the suite sees patched counts as silently
+        # different; the release's own is compared in their test files.
+        pytest.skip(f"no oracle in the suite for {name}, replaced whole behind its shape")
+    _, tree, node = targets.release_tree(target)
+    record = judge(target, Edited("unchanged", 0, (), True, "", node), tree, node, tmp_path, 20, 0)
+    if record.verdict == "refused":
+        pytest.skip(f"flatgather leaves this release's {name} stock: {record.detail}")
+    assert record.verdict == "patched and exact", record
+    assert record.compared == 20 and record.raised == 0, record
+
+
+def _with_edit(tmp_path, target, old: str, new: str):
+    """The release's function with one line's text replaced (a compound
+    edit no generated mutant makes), judged."""
+    _, tree, node = targets.release_tree(target)
+    text = ast.unparse(node)
+    if old not in text:
+        pytest.skip(f"no {old!r} in this release's {target.name}")
+    (edited,) = ast.parse(text.replace(old, new, 1)).body
+    return judge(target, Edited("edited", 0, (), False, new, edited), tree, node, tmp_path, 60, 0)
+
+
+LONG_REQUESTS = (
+    "if extend_len == extend_logprob_start_len:",
+    "if extend_len == extend_logprob_start_len or extend_len > 64:",
+)
+
+
+def test_the_oracle_sees_what_the_probe_alone_lets_through(tmp_path, monkeypatch):
+    """The chunk rule for requests longer than any probe batch: with the
+    known-code gate off, the probe passes it and the suite's oracle sees
+    the difference; with the gate on it is refused."""
+    target = TARGETS["LogitsProcessor._get_pruned_states"]
+    monkeypatch.setattr(targets, "SHAPE_GATE", False)
+    record = _with_edit(tmp_path, target, *LONG_REQUESTS)
+    assert record.verdict == "silently different", record
+    monkeypatch.setattr(targets, "SHAPE_GATE", True)
+    record = _with_edit(tmp_path, target, *LONG_REQUESTS)
+    assert record.verdict == "refused" and "not code flatgather has seen" in record.detail
+
+
+def test_a_middle_chunk_that_does_not_advance_the_cursor_is_refused(tmp_path, monkeypatch):
+    """Found by the suite: a release whose middle-chunk branch leaves the
+    input logprob cursor where it was. flatgather's advance over a skipped
+    request cannot then give the requests after it what they get without
+    it; the check's case of a middle chunk before a skipped request
+    refuses it. Without that case it was patched and silently different."""
+    from flatgather.sglang import prefill_result
+
+    target = next(t for t in TARGETS.values() if t.function == prefill_result.METHOD)
+
+    def advances(found):
+        return [
+            m for m in found if m.operator == "statement dropped" and "logprob_pt" in m.description
+        ]
+
+    records = _judged(target, tmp_path, advances, cases=30)
+    assert records
+    assert "silently different" not in {r.verdict for r in records}, records
+    # Without the case of a middle chunk right before a skipped request.
+    cases = [
+        case
+        for case in prefill_result._CASES
+        if not any(a.middle_chunk and b.skipped for a, b in zip(case[0], case[0][1:], strict=False))
+    ]
+    assert len(cases) < len(prefill_result._CASES)
+    monkeypatch.setattr(prefill_result, "_CASES", tuple(cases))
+    records = _judged(target, tmp_path, advances, cases=30)
+    assert "silently different" in {r.verdict for r in records}, records
+
+
+@pytest.mark.skipif(not DRAFT_NO_LOGPROB, reason="the release does not set return_logprob")
+def test_a_draft_method_that_sets_return_logprob_itself_gets_no_backport(tmp_path):
+    """Found by the suite: with ``forward_batch.return_logprob = True`` in
+    the method, the backport's ``False`` went in before it and was
+    overwritten, while the install report said it was applied."""
+    target = next(t for t in TARGETS.values() if t.function == "_draft_extend_for_prefill")
+    sets = "forward_batch.return_logprob = "
+    record = _with_edit(tmp_path, target, f"{sets}False", f"{sets}True")
+    assert record.verdict in ("patched and exact", "refused"), record
+    assert "return_logprob backport not applied" in record.detail, record
