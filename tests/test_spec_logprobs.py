@@ -5,9 +5,11 @@ The oracle is always the release's own chain, its stage objects taken
 before any install (flatgather.bench.spec_chain): its spec logprob
 function, ``GenerationBatchResult.copy_to_cpu``, the scheduler's
 ``_normalize_decode_outputs`` and ``_apply_decode_logprobs`` (inline before
-0.5.13: there stage 3 is the method's comprehensions). Everything the
-scheduler holds after stage 3, and everything it appends to each request,
-must be identical: values bit for bit, Python types, nesting, the id lists
+0.5.13: there the bench's chain runs stage 3 as the method's comprehensions,
+and the method itself, as installed, runs against the release's on stand-ins
+for the scheduler, the batch and its requests). Everything the scheduler
+holds after stage 3, and everything it appends to each request, must be
+identical: values bit for bit, Python types, nesting, the id lists
 themselves.
 """
 
@@ -198,6 +200,209 @@ def test_the_chain_is_the_release_s_on_any_step(step, copy):
     fs.uninstall()
     out = check(step, copy=copy)
     assert "raised" not in out, out
+
+
+# --- stage 3 up to 0.5.12: the rewritten mixin method itself -----------------------------------
+
+MIXIN = "sglang.srt.managers.scheduler_output_processor_mixin"
+_RESOLVE = ("_resolve_spec_overlap_tokens", "_resolve_spec_overlap_token_ids")
+
+
+class _Inert:
+    """A collaborator of the scheduler the logprob code does not touch (KV
+    pool, metrics, streaming): every attribute is itself, a call returns it,
+    it is false and empty."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __iter__(self):
+        return iter(())
+
+
+_INERT = _Inert()
+
+
+class _Scheduler:
+    """``self`` of the mixin's ``process_batch_result_decode``: the
+    attributes given, the release's own spec-v2 token resolver, any other
+    attribute an inert collaborator."""
+
+    def __init__(self, owner: type, **attrs) -> None:
+        vars(self).update(attrs)
+        for name in _RESOLVE:
+            if name in vars(owner):
+                setattr(self, name, types.MethodType(vars(owner)[name], self))
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _INERT
+
+
+_RECEIVED = tuple(
+    f"output_{kind}_{part}"
+    for kind in ("token_logprobs", "top_logprobs", "token_ids_logprobs")
+    for part in ("val", "idx")
+)
+
+
+class _DecodeReq:
+    """A request of a decode batch, as that method and the release's resolver
+    read it (up to 0.5.12 the logprob lists are on the request itself). Any
+    other attribute raises: a release that reads more shows here."""
+
+    def __init__(self, i: int, step, skipped: str | None) -> None:
+        self.rid = f"req{i}"
+        self.is_retracted = skipped == "retracted"
+        self._finished = skipped == "finished"
+        self.return_logprob = True
+        self.top_logprobs_num = step.top[i]
+        self.token_ids_logprob = step.ids[i]
+        self.output_ids = []
+        for name in _RECEIVED:
+            setattr(self, name, [])
+        self.kv_committed_len = self.spec_verify_ct = 0
+        self.spec_accepted_tokens = self.spec_accepted_drafts = self.spec_num_correct_drafts = 0
+        self.return_hidden_states = self.require_reasoning = False
+        self.grammar = self.multimodal_inputs = self.session = None
+        self.time_stats = _INERT
+
+    def finished(self) -> bool:
+        return self._finished
+
+    def check_finished(self, *args) -> None:
+        pass  # unfinished: the request stays in the batch
+
+    def update_spec_acceptance_histogram(self, *args) -> None:
+        pass
+
+    update_spec_correct_drafts_histogram = update_spec_acceptance_histogram
+
+    def received(self) -> dict:
+        return {name: getattr(self, name) for name in ("output_ids", *_RECEIVED)}
+
+
+def _decode_result(method, step, stock: bool, spec: bool, skipped: dict) -> dict:
+    """Stages 1 and 2 of ``step`` (the release's own objects, or whatever is
+    installed), then ``method``, the mixin's ``process_batch_result_decode``,
+    on stand-ins for the scheduler and the batch: what each request
+    receives, and the lists the scheduler holds after it."""
+    owner = importlib.import_module(MIXIN).SchedulerOutputProcessorMixin
+    one, two, _, state = sc.stages(CHAIN, step, stock)
+    try:
+        one()
+        two()
+        result = state["result"]
+        lo = result.logits_output
+        if not spec:  # plain decode (A = 1): one logprob per request
+            lo.next_token_logprobs = lo.next_token_logprobs.view(-1)
+        result.accept_lens = torch.tensor(step.accept)
+        result.speculative_num_draft_tokens = step.A
+        reqs = [_DecodeReq(i, step, skipped.get(i)) for i in range(step.B)]
+        batch = types.SimpleNamespace(
+            reqs=reqs,
+            return_logprob=True,
+            is_spec_v2=spec,
+            spec_algorithm=types.SimpleNamespace(is_none=lambda: not spec),
+            batch_size=lambda: len(reqs),
+        )
+        scheduler = _Scheduler(
+            owner,
+            enable_overlap=True,  # the retracted and finished requests are skipped
+            enable_overlap_mlx=False,
+            enable_metrics=False,
+            enable_hisparse=False,
+            num_generated_tokens=0,
+            forward_ct_decode=0,
+            draft_worker=types.SimpleNamespace(speculative_num_draft_tokens=step.A),
+            server_args=types.SimpleNamespace(disaggregation_decode_enable_offload_kvcache=False),
+            model_config=types.SimpleNamespace(think_end_id=None),
+        )
+        flat = spec_logprobs.registered(lo.next_token_top_logprobs_val)
+        with torch.inference_mode():
+            method(scheduler, batch, result)
+    except Exception as exc:  # the same failure, or none
+        return {"raised": type(exc).__name__}
+    return {
+        "requests": [r.received() for r in reqs],
+        "top_val": lo.next_token_top_logprobs_val,
+        "top_idx": lo.next_token_top_logprobs_idx,
+        "ids_val": lo.next_token_token_ids_logprobs_val,
+        "flat": flat,
+    }
+
+
+_DECODE_CASES = {
+    **NAMED,
+    "retracted and finished requests skipped": dict(
+        B=5,
+        A=3,
+        top=[2, 0, 5, 1, 20],
+        ids=[IDS[0], IDS[2], IDS[3], IDS[4], IDS[5]],
+        skipped={1: "retracted", 3: "finished"},
+    ),
+    "the first and the last skipped": dict(
+        B=4, A=2, top=[3, 3, 3, 3], skipped={0: "finished", 3: "retracted"}
+    ),
+}
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(_DECODE_CASES))
+def test_the_rewritten_decode_method_gives_each_request_the_release_s(name, dtype):
+    """Up to 0.5.12 stage 3 is inline in the mixin's
+    process_batch_result_decode: the method flatgather installs (rebuilt
+    from the release's source) against the release's own, both driven on
+    the chain's real stages 1 and 2 with stand-ins for the scheduler, the
+    batch and its requests (retracted and finished ones among them, skipped
+    as an overlap scheduler skips them): what each request receives, and the
+    lists the scheduler holds after it."""
+    if CHAIN.processor is not None:
+        pytest.skip("the release has SchedulerBatchResultProcessor")
+    owner = importlib.import_module(MIXIN).SchedulerOutputProcessorMixin
+    stock = vars(owner)["process_batch_result_decode"]
+    assert not hasattr(stock, "__flatgather__")
+    case = _DECODE_CASES[name]
+    B, A = case["B"], case["A"]
+    ids = case.get("ids", [None] * B)
+    skipped = case.get("skipped", {})
+    modes = (True, False) if A == 1 else (True,)  # plain decode has one row per request
+    steps = {
+        spec: sc.make_step(B, A, case["top"], ids, vocab=VOCAB, dtype=dtype, seed=B)
+        for spec in modes
+    }
+    expected = {spec: _decode_result(stock, steps[spec], True, spec, skipped) for spec in modes}
+    fs.install()
+    method = vars(owner)["process_batch_result_decode"]
+    assert getattr(method, "__flatgather__", None) == spec_logprobs_check.CONSUMERS
+    for spec in modes:
+        actual = _decode_result(method, steps[spec], False, spec, skipped)
+        mode = "spec v2" if spec else "plain decode"
+        if "raised" in expected[spec]:  # the release's own failure (see NONE_AS_TENSOR)
+            assert actual == expected[spec] and not NONE_AS_TENSOR, (mode, actual)
+            continue
+        assert not expected[spec].pop("flat")
+        flat = actual.pop("flat", None)
+        found = difference(actual, expected[spec], mode)
+        assert found is None, found
+        # flatgather's stage 3 got its lists flat (a batch of one row is the release's).
+        assert flat == (B * A >= spec_logprobs.MIN_ROWS and any(case["top"]))
+        got = actual["requests"]
+        for i in skipped:  # skipped: nothing appended
+            assert not any(got[i].values()), (mode, i, got[i])
+        for i in set(range(B)) - set(skipped):  # each kept one: its accepted tokens
+            accepted = steps[spec].accept[i] if spec else 1
+            assert len(got[i]["output_token_logprobs_val"]) == accepted, (mode, i, got[i])
 
 
 # --- flat: what one step costs ------------------------------------------------------------------

@@ -15,10 +15,12 @@ drives the release's three stages on it, as the scheduler does:
 3. the scheduler's ``_normalize_decode_outputs`` (0.5.13 on) and then its
    ``_apply_decode_logprobs`` for every request, with its accept length:
    what the scheduler finally puts on each request. Up to 0.5.12 both are
-   inline in ``process_batch_result_decode``, which cannot run alone: there
-   stage 3 is its comprehensions, ``[v.tolist() for v in ...]``, run through
-   the same helper as the rewritten method, and the requests get their rows
-   as that method indexes them.
+   inline in ``process_batch_result_decode``, a method of the whole
+   scheduler: here stage 3 is its comprehensions, ``[v.tolist() for v in
+   ...]``, run through the same helper as the rewritten method, and the
+   requests get their rows as that method indexes them
+   (``tests/test_spec_logprobs.py`` drives the rewritten method itself
+   against the release's, on stand-ins for the scheduler).
 
 Each stage is whatever the class or module holds when it runs (patched or
 not); ``stock=True`` runs the release's own objects, taken before any
