@@ -572,6 +572,34 @@ def test_rewrite_replaces_only_the_known_comprehensions():
     assert "another shape" in spec_logprobs_check.rewrite(other.body[0])
 
 
+@pytest.mark.parametrize("edit", ["another list", "another helper"])
+def test_a_rewrite_whose_call_is_not_its_loop_is_refused(monkeypatch, edit):
+    """The rewrite with its loops put back must be the release's tree, each
+    loop rebuilt from its call's own list and lambda, of the call's kind:
+    a call that reads another list, or hands the rows to the other helper,
+    is refused (the install-time run of each element would not see it)."""
+
+    class Edited(spec_logprobs_check._Replace):
+        def visit_ListComp(self, node):
+            call = super().visit_ListComp(node)
+            if isinstance(call, ast.Call) and call.args[0].attr.endswith("_idx"):
+                if edit == "another list":
+                    call.args[0].attr = call.args[0].attr.replace("_idx", "_val")
+                else:
+                    call.func.id = spec_logprobs_check.TO_HOST
+            return call
+
+    tree = ast.parse(
+        "def f(o):\n"
+        "    a = [v.tolist() for v in o.next_token_top_logprobs_val]\n"
+        "    b = [x.tolist() for x in o.next_token_top_logprobs_idx]\n"
+    ).body[0]
+    assert isinstance(spec_logprobs_check.rewrite(tree), spec_logprobs_check.Rewrite)
+    monkeypatch.setattr(spec_logprobs_check, "_Replace", Edited)
+    found = spec_logprobs_check.rewrite(tree)
+    assert found == "the rewritten method is not the release's with the loops put back", found
+
+
 # --- the install-time checks catch what they guard -------------------------------------------
 
 

@@ -24,7 +24,8 @@ Two kinds of patch, each prepared when its module is imported:
   (:func:`flatgather.sglang.source.parse_method`), with only the per-row
   comprehensions over the three logprob lists replaced, each by a call that
   takes the release's own element expression as a lambda. The rebuilt tree,
-  with those calls put back, must be the release's tree; each element
+  with each call turned back into the comprehension its own list, lambda and
+  kind make, must be the release's tree; each element
   expression, compiled on its own in the release's globals, is then run
   through flatgather's helper and through the release's comprehension on the
   lists both producers make, and the results (and the next stage's
@@ -411,12 +412,24 @@ class _Replace(ast.NodeTransformer):
 
 
 class _PutBack(ast.NodeTransformer):
-    def __init__(self, back: dict[int, ast.ListComp]) -> None:
-        self.back = back
+    """Each replacing call (by identity) turned back into a comprehension
+    rebuilt from the call's own arguments, its list and its lambda, and of
+    the call's kind: the comparison with the release's tree then covers
+    what each call does, not only what surrounds it."""
+
+    def __init__(self, calls: set[int]) -> None:
+        self.calls = calls
 
     def visit_Call(self, node: ast.Call):
-        comp = self.back.get(id(node))
-        return comp if comp is not None else self.generic_visit(node)
+        if id(node) not in self.calls:
+            return self.generic_visit(node)
+        rows, fn = node.args
+        target = ast.Name(fn.args.args[0].arg, ast.Store())
+        comp = ast.ListComp(
+            elt=fn.body,
+            generators=[ast.comprehension(target=target, iter=rows, ifs=[], is_async=0)],
+        )
+        return comp if _kind(comp) == node.func.id else node
 
 
 def rewrite(tree: ast.FunctionDef) -> Rewrite | str | None:
@@ -431,8 +444,7 @@ def rewrite(tree: ast.FunctionDef) -> Rewrite | str | None:
         return None
     memo: dict = {}
     restored = copy.deepcopy(work, memo)
-    back = {id(memo[id(call)]): comp for call, comp in replace.replaced}
-    restored = _PutBack(back).visit(restored)
+    restored = _PutBack({id(memo[id(call)]) for call, _ in replace.replaced}).visit(restored)
     if ast.dump(restored) != ast.dump(tree):
         return "the rewritten method is not the release's with the loops put back"
     elts = {ast.unparse(call.args[1]): (call.func.id, call.args[1]) for call, _ in replace.replaced}
