@@ -63,6 +63,7 @@ def test_the_oracle_runs_the_unchanged_function(name, tmp_path):
         pytest.skip(f"flatgather leaves this release's {name} stock: {record.detail}")
     assert record.verdict == "patched and exact", record
     assert record.compared == 20 and record.raised == 0, record
+    assert record.reached is None or record.reached > 0, record
 
 
 def _with_edit(tmp_path, target, old: str, new: str):
@@ -135,3 +136,30 @@ def test_a_draft_method_that_sets_return_logprob_itself_gets_no_backport(tmp_pat
     record = _with_edit(tmp_path, target, f"{sets}False", f"{sets}True")
     assert record.verdict in ("patched and exact", "refused"), record
     assert "return_logprob backport not applied" in record.detail, record
+
+
+# Handed no sample indices, the store keeps the pruned aux rows only while a
+# batch is small (the probe's largest has 32 requests); past that, the first.
+# The release's store is never handed None in a prefill with logprobs; lazy
+# aux pruning hands it None with the sampled rows alone.
+SMALL_BATCHES_ONLY = (
+    "else aux_pruned_states",
+    "else (aux_pruned_states if aux_pruned_states.shape[0] < 40 else aux_pruned_states[:1])",
+)
+
+
+def test_lazy_aux_needs_a_store_flatgather_has_seen(tmp_path, monkeypatch):
+    """Lazy aux pruning hands the store only the rows the release's store
+    was seen to read. A store that reads others only past the probe's
+    batches passes the probe; with the known-code gate off the suite's
+    oracle sees it, with the gate on lazy aux stays off."""
+    target = TARGETS["LogitsProcessor._get_hidden_states_to_store"]
+    monkeypatch.setattr(targets, "SHAPE_GATE", False)
+    record = _with_edit(tmp_path, target, *SMALL_BATCHES_ONLY)
+    assert record.verdict == "silently different", record
+    monkeypatch.setattr(targets, "SHAPE_GATE", True)
+    record = _with_edit(tmp_path, target, *SMALL_BATCHES_ONLY)
+    assert record.verdict == "refused", record
+    assert "lazy aux pruning left off" in record.detail and "not code flatgather has seen" in (
+        record.detail
+    ), record

@@ -54,6 +54,14 @@ def test_the_running_release_is_a_known_shape():
 
 
 @pytest.mark.matrix
+def test_the_running_release_s_store_is_a_known_shape():
+    found = shapes.fingerprint(LogitsProcessor, "_get_hidden_states_to_store")
+    assert RELEASE in shapes.KNOWN[shapes.STORE].get(found, ()), (
+        f"{RELEASE}: store fingerprint {found} not in the table; regenerate it (shapes.py)"
+    )
+
+
+@pytest.mark.matrix
 @pytest.mark.parametrize(
     ("name", "new"),
     [

@@ -26,6 +26,7 @@ class Record:
     detail: str = ""
     compared: int = 0
     raised: int = 0
+    reached: int | None = None
 
 
 def chosen(all_mutants: list[Mutant], sample: int | None, seed: int) -> list[Mutant]:
@@ -58,7 +59,7 @@ def judge(target: Target, mutant: Mutant, tree, node, where: Path, cases: int, s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trial = target.trial(copy, fn, rng, cases)
-    record.compared, record.raised = trial.compared, trial.raised
+    record.compared, record.raised, record.reached = trial.compared, trial.raised, trial.reached
     if trial.difference is not None:
         record.verdict, record.detail = "silently different", trial.difference
     elif trial.patched and trial.compared == 0:

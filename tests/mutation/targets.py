@@ -48,6 +48,9 @@ class Trial:
     raised: int = 0
     """Of those, inputs on which the mutant itself raised (compared by the
     exception's type)."""
+    reached: int | None = None
+    """Of those, inputs that took the path under test where the target has
+    one apart (the store: a lazy aux result handed to it)."""
     note: str = ""
 
 
@@ -298,9 +301,7 @@ def _compare_pruned(trial: Trial, ours, mutant, rng: random.Random, cases: int, 
     from flatgather.sglang.unpinned import unpinned_without_cuda
 
     for _ in range(cases):
-        b = rng.choice([1, 2, 3, rng.randint(1, 12)])
-        extend = [rng.choice([1, 2, 3, rng.randint(1, 80)]) for _ in range(b)]
-        start = [rng.choice([0, 1, e - 1, e, rng.randint(0, e)]) for e in extend]
+        extend, start = _lengths(rng)
         capture = rng.choice(["NULL", "LAST", "FULL"])
         states = make_states(extend, rng.randint(0, 2**16), torch.float32, 4, True, "list", 2, 0)
         got = _outcome(ours, None, *states, metadata(extend, start, capture))
@@ -322,6 +323,105 @@ def _compare_pruned(trial: Trial, ours, mutant, rng: random.Random, cases: int, 
         if found:
             trial.difference = f"extend {extend} start {start}: {found}"
             return
+
+
+# --- _get_hidden_states_to_store, under lazy aux pruning --------------------------------------
+
+
+def _store_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
+    """Lazy aux pruning hands the release's store an aux result that holds
+    only the rows flatgather proved it reads; a store that reads others
+    must turn lazy aux off."""
+    import flatgather.sglang as fs
+    from flatgather.sglang import installer
+    from sglang.srt.layers import logits_processor as lp
+
+    cls = lp.LogitsProcessor
+    shipped = vars(cls)["_get_hidden_states_to_store"]
+    stock_pruned = vars(cls)["_get_pruned_states"]
+    cls._get_hidden_states_to_store = mutant
+    try:
+        try:
+            with _shape_gate():
+                report = fs.install(input_logprobs=False, output_logprobs=False)
+        except fs.UnsupportedRelease as exc:
+            return Trial(patched=False, note=str(exc))
+        try:
+            trial = Trial(patched=report.lazy_aux, note="; ".join(report.notes))
+            if trial.patched:
+                pruned = vars(cls)["_get_pruned_states"]
+                store = vars(cls)["_get_hidden_states_to_store"]
+                sides = (pruned, store, stock_pruned, mutant, installer._state.gate)
+                _compare_stores(trial, sides, rng, cases)
+            return trial
+        finally:
+            fs.uninstall()
+    finally:
+        cls._get_hidden_states_to_store = shipped
+
+
+def _compare_stores(trial: Trial, sides, rng: random.Random, cases: int) -> None:
+    from flatgather.bench.batches import make_states, metadata
+    from flatgather.sglang.compare import first_difference
+    from flatgather.sglang.pruned_states import LazyAuxPruned, lazy_scope
+    from flatgather.sglang.unpinned import unpinned_without_cuda
+    from sglang.srt.layers import logits_processor as lp
+
+    pruned, store, stock_pruned, mutant, gate = sides
+    # Lazy aux pruning applies to a processor whose class's store is the
+    # installed one, as in a real forward.
+    processor = object.__new__(lp.LogitsProcessor)
+    for _ in range(cases):
+        extend, start = _lengths(rng)
+        capture = rng.choice(["NULL", "LAST", "FULL"])
+        before_norm = rng.random() < 0.5
+        h, b, aux = make_states(
+            extend,
+            rng.randint(0, 2**16),
+            torch.float32,
+            4,
+            before_norm,
+            "list",
+            rng.randint(1, 3),
+            0,
+        )
+        md = metadata(extend, start, capture)
+        with lazy_scope(gate):
+            result = _outcome(pruned, processor, h, b, aux, md)
+            trial.reached = (trial.reached or 0) + (
+                isinstance(result, tuple) and type(result[2]) is LazyAuxPruned
+            )
+            got = (
+                result
+                if isinstance(result, type)
+                else _outcome(store, processor, h, b, aux, *result[:4], md)
+            )
+        md = metadata(extend, start, capture)
+        with unpinned_without_cuda():
+            result = _outcome(stock_pruned, None, h, b, aux, md)
+            if isinstance(result, tuple) and result[2] is None:
+                layers = [
+                    stock_pruned(None, a, None, None, metadata(extend, start))[0] for a in aux
+                ]
+                result = (*result[:2], layers, *result[3:])
+        want = (
+            result
+            if isinstance(result, type)
+            else _outcome(mutant, None, h, b, aux, *result[:4], md)
+        )
+        trial.compared += 1
+        trial.raised += isinstance(want, type)
+        found = first_difference(got, want, "stored")
+        if found:
+            trial.difference = f"extend {extend} start {start} {capture}: {found}"
+            return
+
+
+def _lengths(rng: random.Random) -> tuple[list[int], list[int]]:
+    b = rng.choice([1, 2, 3, rng.randint(1, 12), rng.randint(1, 12), rng.randint(1, 64)])
+    extend = [rng.choice([1, 2, 3, rng.randint(1, 80)]) for _ in range(b)]
+    start = [rng.choice([0, 1, e - 1, e, rng.randint(0, e)]) for e in extend]
+    return extend, start
 
 
 @contextlib.contextmanager
@@ -421,6 +521,14 @@ def targets() -> list[Target]:
             "LogitsProcessor",
             "_get_pruned_states",
             _pruned_trial,
+            whole_module=False,
+        ),
+        Target(
+            "LogitsProcessor._get_hidden_states_to_store",
+            "sglang.srt.layers.logits_processor",
+            "LogitsProcessor",
+            "_get_hidden_states_to_store",
+            _store_trial,
             whole_module=False,
         ),
         Target(

@@ -285,13 +285,23 @@ def install(
             raise UnsupportedRelease(
                 f"SGLang {release or '(unknown version)'}: {exc}. Nothing was patched."
             ) from None
-        gate = LazyGate() if lazy_aux and verdict.lazy_aux else None
+        # Lazy aux hands the store only the rows it was seen to read: the
+        # store must be known code too, else lazy aux stays off.
+        store_unknown = None
+        if lazy_aux and verdict.lazy_aux:
+            try:
+                shapes.known(shapes.STORE, module.LogitsProcessor, "_get_hidden_states_to_store")
+            except shapes.UnknownShape as exc:
+                store_unknown = str(exc)
+        gate = LazyGate() if lazy_aux and verdict.lazy_aux and not store_unknown else None
         state = _Installed(release, verdict, gate)
         state.notes.extend(_table_notes(release, verdict.contract))
         seen_in = ", ".join(shapes.KNOWN[shapes.PRUNED_STATES][shape])
         state.notes.append(f"_get_pruned_states is code the test matrix runs ({seen_in})")
         if lazy_aux and not verdict.lazy_aux:
             state.notes.append(f"lazy aux pruning left off: {verdict.lazy_aux_note}")
+        elif store_unknown:
+            state.notes.append(f"lazy aux pruning left off: {store_unknown}")
         elif lazy_aux and not verdict.lazy_full:
             state.notes.append(f"FULL capture gathers every kept aux row: {verdict.lazy_full_note}")
         if verdict.metadata_note:

@@ -23,6 +23,15 @@ builds and the functions it calls (here only ``is_pin_memory_available``,
 which decides pinning and no value); those are checked by the probe, on its
 batches.
 
+Lazy aux pruning (``install(lazy_aux=True)``) hands the release's
+``_get_hidden_states_to_store`` an aux result holding only the rows the
+probe saw it read, and ``sample_indices=None`` under LAST capture: a store
+that reads other rows, or treats ``None`` otherwise, only past the probe's
+batches would store the wrong rows. So lazy aux pruning also needs a known
+store (:data:`STORE`); with an unknown one it stays off, and the rest is
+patched. (``forward``, between the two, is read off its bytecode: the aux
+result flows into the store and nowhere else.)
+
 The same holds for the module-level functions it replaces whole (the
 token-id input logprobs, the output logprobs' top-k and token-id helpers,
 :data:`FUNCTIONS`), each behind its own side-by-side check: an unknown one is
@@ -48,6 +57,7 @@ from flatgather.sglang import source
 __all__ = ["KNOWN", "UnknownShape", "fingerprint", "known"]
 
 PRUNED_STATES = "LogitsProcessor._get_pruned_states"
+STORE = "LogitsProcessor._get_hidden_states_to_store"
 
 KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
     PRUNED_STATES: {
@@ -59,6 +69,22 @@ KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
         "0b3189cb6dcbaf64": ("0.5.17", "0.5.18", "0.5.19"),
         "ce4f949c5a384117": ("0.5.20",),
         "e5cec2d16f4bfc72": ("0.5.21", "0.5.22", "0.5.23"),
+    },
+    STORE: {
+        "650c3950fca03bdb": (
+            "0.5.10",
+            "0.5.10.post1",
+            "0.5.11",
+            "0.5.12",
+            "0.5.12.post1",
+            "0.5.13",
+            "0.5.13.post1",
+            "0.5.14",
+            "0.5.15",
+            "0.5.15.post1",
+            "0.5.16",
+        ),
+        "a4bc88c2b1e9d910": ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
     },
     "get_token_ids_logprobs_chunk": {
         "1628077b99c13580": (
@@ -284,7 +310,11 @@ def main() -> int:
 
     from flatgather.sglang.releases import sglang_release
 
-    found = {PRUNED_STATES: fingerprint(logits_processor.LogitsProcessor, "_get_pruned_states")}
+    cls = logits_processor.LogitsProcessor
+    found = {
+        PRUNED_STATES: fingerprint(cls, "_get_pruned_states"),
+        STORE: fingerprint(cls, "_get_hidden_states_to_store"),
+    }
     for name, fn in release_functions().items():
         found[name] = fingerprint(None, fn)
     print(sglang_release(), " ".join(f"{k}={v}" for k, v in found.items()))
