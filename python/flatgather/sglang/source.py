@@ -1,13 +1,17 @@
 """The running release's own source, read and rebuilt with care.
 
-flatgather changes the middle of one SGLang method (see
-:mod:`flatgather.sglang.draft_prefill`) and reads the shape of another (lazy
-aux pruning). Both start from :func:`parse_method`, which proves that the
-source it parsed is the code that runs: the parsed ``def``, compiled as it
-was (inside a class of the same name, at the same line, after the module's
-imports, with its ``__future__`` flags), must give a code object equal to the function's own.
-A source file edited after import, a function replaced at run time or a
-compiled build all fail that check, and the caller leaves the method stock.
+Every patch that rewrites or fingerprints SGLang code starts here: the draft
+worker's prefill (its rotation loop replaced), the scheduler's prefill
+results (an advance inserted in the skip branch), the output-logprob chain
+(its host-copy and ``tolist`` loops replaced), and the known-code check of
+the functions replaced whole (:mod:`flatgather.sglang.shapes`).
+:func:`parse_method` and :func:`parse_function` prove that the source they
+parsed is the code that runs: the parsed ``def``, compiled as it was (inside
+a class of the same name for a method, at the same line, after the module's
+imports, with its ``__future__`` flags), must give a code object equal to the
+function's own. A source file edited after import, a function replaced at run
+time or a compiled build all fail that check, and the caller leaves the code
+stock.
 
 :func:`build_method` compiles a rewritten ``def`` into a function that shares
 the original's globals, defaults and names, and whose line numbers are the
