@@ -163,3 +163,25 @@ def test_lazy_aux_needs_a_store_flatgather_has_seen(tmp_path, monkeypatch):
     assert "lazy aux pruning left off" in record.detail and "not code flatgather has seen" in (
         record.detail
     ), record
+
+
+def test_the_chain_oracle_sees_a_stage_that_moves_rows(tmp_path, monkeypatch):
+    """The chain's oracle can fail: flatgather's host copy with its rows
+    rotated (for four rows or more) and the install-time check switched
+    off, on the release's own copy_to_cpu, is silently different."""
+    from flatgather.sglang import spec_logprobs, spec_logprobs_check
+
+    target = TARGETS["GenerationBatchResult.copy_to_cpu"]
+    _, tree, node = targets.release_tree(target)
+    control = Edited("unchanged", 0, (), True, "", node)
+    assert judge(target, control, tree, node, tmp_path, 20, 0).verdict == "patched and exact"
+
+    def rotated(rows, elt):
+        out = spec_logprobs.rows_to_host(rows, elt)
+        return out[1:] + out[:1] if len(out) > 3 else out
+
+    helpers = {**spec_logprobs_check._HELPERS, spec_logprobs_check.TO_HOST: rotated}
+    monkeypatch.setattr(spec_logprobs_check, "_HELPERS", helpers)
+    monkeypatch.setattr(spec_logprobs_check, "_verify_chain", lambda *args: None)
+    record = judge(target, control, tree, node, tmp_path, 20, 0)
+    assert record.verdict == "silently different", record

@@ -67,6 +67,9 @@ class Target:
     whole_module: bool = True
     """The copy holds the whole release module (else its imports and the
     one class or function)."""
+    always_compared: bool = False
+    """What is in place runs with flatgather's other code even where the
+    patch refuses the mutant (the stages of a chain): compared either way."""
     whole_function: bool = False
     """Replaced whole behind its known shape: the suite has no oracle for
     it, and any mutant patched counts as silently different."""
@@ -424,6 +427,80 @@ def _lengths(rng: random.Random) -> tuple[list[int], list[int]]:
     return extend, start
 
 
+# --- the output-logprob chain's consumers ----------------------------------------------------
+
+
+def _chain_trial(stage: str, module_name: str):
+    """``stage``: the chain's key for the method (``copy_to_cpu``, or
+    ``normalize`` for the scheduler's ``_normalize_decode_outputs``). The
+    stages work together, so whatever flatgather does with the mutant, it
+    runs with flatgather's other stages installed, as on a server, against
+    the release's chain with the mutant in its place."""
+
+    def trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
+        import flatgather.sglang as fs
+        from flatgather.bench import spec_chain as sc
+        from flatgather.sglang import spec_logprobs_check
+
+        chain = sc.find()
+        real = chain.result_cls if stage == "copy_to_cpu" else chain.processor
+        owner = getattr(copy, real.__name__)
+        holder = types.SimpleNamespace(__name__=module_name, **{real.__name__: owner})
+        result = spec_logprobs_check.prepare_consumers(holder)
+        ours = [p.new for p in result.patches if p.name == mutant.__name__]
+        trial = Trial(patched=bool(ours), note="; ".join(result.notes))
+        in_place = ours[0] if ours else mutant
+        saved = chain.stock[stage]
+        chain.stock[stage] = mutant
+        fs.install(input_logprobs=False)
+        try:
+            installed = vars(real)[mutant.__name__]
+            setattr(real, mutant.__name__, in_place)
+            try:
+                with sc.emulated_copies():
+                    _compare_chains(trial, sc, rng, cases)
+            finally:
+                setattr(real, mutant.__name__, installed)
+        finally:
+            fs.uninstall()
+            chain.stock[stage] = saved
+        return trial
+
+    return trial
+
+
+def _compare_chains(trial: Trial, sc, rng: random.Random, cases: int) -> None:
+    from flatgather.sglang.spec_logprobs_check import difference
+
+    vocab = 48
+    for _ in range(cases):
+        b, a = rng.randint(1, 24), rng.randint(1, 8)
+        top = [rng.choice([0, 0, 1, 3, 20]) for _ in range(b)]
+        if rng.random() < 0.2:
+            ids = [None] * b
+        else:
+            ids = [
+                [rng.randint(-vocab, vocab - 1) for _ in range(rng.randint(0, 5))] for _ in range(b)
+            ]
+        accept = [rng.randint(1, a) for _ in range(b)]
+        dtype = rng.choice([torch.float32, torch.bfloat16])
+        step = sc.make_step(
+            b, a, top, ids, accept, vocab=vocab, dtype=dtype, seed=rng.randint(0, 999)
+        )
+        want = _outcome(sc.run, step, True)
+        got = _outcome(sc.run, step, False)
+        trial.compared += 1
+        trial.raised += isinstance(want, type)
+        found = (
+            (None if got is want else f"raised {got}, the mutant {want}")
+            if isinstance(want, type) or isinstance(got, type)
+            else difference(got, want)
+        )
+        if found:
+            trial.difference = f"{b} requests x {a} positions, top {top}: {found}"
+            return
+
+
 @contextlib.contextmanager
 def _shape_gate():
     if SHAPE_GATE:
@@ -510,7 +587,15 @@ def targets() -> list[Target]:
             assert name in (input_logprobs.CHUNK, input_logprobs.PREFILL), name
             prepare = _one_module(input_logprobs_check.prepare)
         replaced_whole.append(
-            Target(name, fn.__module__, None, name, _replaced_whole_trial(prepare), False, True)
+            Target(
+                name,
+                fn.__module__,
+                None,
+                name,
+                _replaced_whole_trial(prepare),
+                whole_module=False,
+                whole_function=True,
+            )
         )
     prefill_module = _prefill_module()
     owner = prefill_result.owner_of(importlib.import_module(prefill_module))
@@ -547,4 +632,35 @@ def targets() -> list[Target]:
             _prefill_trial,
         ),
         *replaced_whole,
+        *_chain_targets(),
     ]
+
+
+def _chain_targets() -> list[Target]:
+    from flatgather.bench import spec_chain as sc
+
+    chain = sc.find()
+    found = [
+        Target(
+            "GenerationBatchResult.copy_to_cpu",
+            sc.UTILS,
+            "GenerationBatchResult",
+            "copy_to_cpu",
+            _chain_trial("copy_to_cpu", sc.UTILS),
+            whole_module=False,
+            always_compared=True,
+        )
+    ]
+    if chain.processor is not None:
+        found.append(
+            Target(
+                f"{chain.processor.__name__}._normalize_decode_outputs",
+                sc.PROCESSOR,
+                chain.processor.__name__,
+                "_normalize_decode_outputs",
+                _chain_trial("normalize", sc.PROCESSOR),
+                whole_module=False,
+                always_compared=True,
+            )
+        )
+    return found
