@@ -295,8 +295,11 @@ READING = """\
 - `fg/memcpy` is the distance to the bound (a plain copy of the same bytes): 1.0 is the bound.
 - **aten ops** counts the torch operations one call dispatches, views not counted (stock/fg);
   on a GPU each is at least one kernel launch or copy, which is why the `host-cost` section
-  matters there. **host syncs** counts the `Tensor.tolist` and `Tensor.item` calls of one
-  call: on a GPU each waits for the device.
+  matters there. **host syncs** counts the calls of one call after which, on a GPU, the host
+  waits for the device: `Tensor.tolist` and `Tensor.item`, `torch.tensor` and
+  `torch.as_tensor` of host data given a device (a blocking upload there; counted on a CPU
+  run too, where the device is the CPU), and copies between host and device without
+  `non_blocking` (only a run on a device has those).
 - **B** is the batch size (requests); **tokens** the rows of `hidden_states`; **kept rows**
   the rows the logprob branch keeps; **MiB gathered** the bytes it copies; **input
   logprobs** the input logprobs `forward` returns.

@@ -111,7 +111,7 @@ def finish(rows: list[dict]) -> dict:
     }
     out.append(
         {
-            "name": "fg's aten ops, host copies and .tolist() calls per step the same at every B",
+            "name": "fg's aten ops, host copies and host syncs per step the same at every B",
             "met": len(flat) == len({r["series"] for r in measured}),
             "got": ", ".join(sorted({f"{o} ops / {c} copies / {s} syncs" for _, o, s, c in flat})),
         }

@@ -5,9 +5,11 @@ main figure is device time between two CUDA events around ``k`` calls; the
 host time per call (the time the Python thread is busy issuing them, the
 queue drained outside the timed region) and the GPU operations per call
 (kernels and copies, counted with ``torch.profiler``) come with it. Aten ops
-per call (those that are not views) and host syncs per call (``Tensor.tolist``
-and ``Tensor.item`` calls: on a GPU each waits for the device) are counted on
-every device.
+per call (those that are not views) and host syncs per call (the calls after
+which, on a GPU, the host waits for the device: ``Tensor.tolist``,
+``Tensor.item``, ``torch.tensor`` of host data given a device, blocking
+copies between host and device; see :mod:`flatgather.bench.counts`) are
+counted on every device.
 """
 
 from __future__ import annotations
