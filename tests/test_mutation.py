@@ -185,3 +185,32 @@ def test_the_chain_oracle_sees_a_stage_that_moves_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(spec_logprobs_check, "_verify_chain", lambda *args: None)
     record = judge(target, control, tree, node, tmp_path, 20, 0)
     assert record.verdict == "silently different", record
+
+
+# The top-k rows one shorter for k of 30 or more: none of the check's cases
+# asks for that many.
+SHORT_FOR_LARGE_K = (
+    "top_logprobs_val.append(values[i][:k])",
+    "top_logprobs_val.append(values[i][:k] if k < 30 else values[i][:k - 1])",
+)
+
+
+def test_an_edit_of_the_helper_a_replaced_function_calls_is_refused(tmp_path, monkeypatch):
+    """``get_top_logprobs`` is one call of ``get_top_logprobs_raw``, where the
+    logic lives: a fork that edits the helper has edited the function. The
+    known-code gate fingerprints the helpers of the same module with it; when
+    it named them by their names alone, this edit passed the side-by-side
+    check and was patched."""
+    from flatgather.sglang import shapes
+
+    target = next(
+        t for t in TARGETS.values() if t.name == "get_top_logprobs_raw (called by get_top_logprobs)"
+    )
+    record = _with_edit(tmp_path, target, *SHORT_FOR_LARGE_K)
+    assert record.verdict == "refused" and "not code flatgather has seen" in record.detail, record
+    # The gate as it was: helpers by their names, the release's fingerprint so.
+    monkeypatch.setattr(shapes, "HELPERS_BY_CODE", False)
+    by_name = shapes.fingerprint(None, shapes.release_functions()["get_top_logprobs"])
+    monkeypatch.setitem(shapes.KNOWN, "get_top_logprobs", {by_name: ("this release",)})
+    record = _with_edit(tmp_path, target, *SHORT_FOR_LARGE_K)
+    assert record.verdict == "silently different", record

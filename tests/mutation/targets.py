@@ -537,6 +537,32 @@ def _replaced_whole_trial(prepare):
     return trial
 
 
+def _callee_trial(caller: str, prepare):
+    """A helper of the module that a function replaced whole calls, mutated
+    in a copy of the whole module: the caller is then a fork's."""
+
+    def trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
+        with _shape_gate():
+            result = prepare(copy)
+        ours = [p for p in result.patches if p.name == caller]
+        return Trial(patched=bool(ours), note="; ".join(result.notes))
+
+    return trial
+
+
+def _callees(function: types.FunctionType) -> list[str]:
+    """The functions of ``function``'s own module that it calls by name."""
+    import dis
+
+    names = {i.argval for i in dis.get_instructions(function) if i.opname == "LOAD_GLOBAL"}
+    return sorted(
+        n
+        for n in names
+        if isinstance(function.__globals__.get(n), types.FunctionType)
+        and function.__globals__[n].__module__ == function.__module__
+    )
+
+
 def _one_module(prepare):
     return lambda module: prepare([module])
 
@@ -593,10 +619,20 @@ def targets() -> list[Target]:
                 None,
                 name,
                 _replaced_whole_trial(prepare),
-                whole_module=False,
                 whole_function=True,
             )
         )
+        replaced_whole += [
+            Target(
+                f"{callee} (called by {name})",
+                fn.__module__,
+                None,
+                callee,
+                _callee_trial(name, prepare),
+                whole_function=True,
+            )
+            for callee in _callees(fn)
+        ]
     prefill_module = _prefill_module()
     owner = prefill_result.owner_of(importlib.import_module(prefill_module))
     return [

@@ -104,7 +104,7 @@ KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
         "a2bcafead576fc38": ("0.5.21", "0.5.22", "0.5.23"),
     },
     "get_token_ids_logprobs_prefill": {
-        "013766ff227cd715": (
+        "2d59906fbf6d1d21": (
             "0.5.10",
             "0.5.10.post1",
             "0.5.11",
@@ -118,7 +118,7 @@ KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
         ),
     },
     "get_top_logprobs": {
-        "b0be38ab9424821e": (
+        "7ba89b35641ff649": (
             "0.5.10",
             "0.5.10.post1",
             "0.5.11",
@@ -129,8 +129,6 @@ KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
             "0.5.14",
             "0.5.15",
             "0.5.15.post1",
-        ),
-        "20f13eb493d1aca1": (
             "0.5.16",
             "0.5.17",
             "0.5.18",
@@ -142,7 +140,7 @@ KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
         ),
     },
     "get_token_ids_logprobs": {
-        "00cba166d79005af": (
+        "14b7aa7cc9273ea2": (
             "0.5.10",
             "0.5.10.post1",
             "0.5.11",
@@ -154,16 +152,8 @@ KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
             "0.5.15",
             "0.5.15.post1",
         ),
-        "8f887a43fccdf77d": (
-            "0.5.16",
-            "0.5.17",
-            "0.5.18",
-            "0.5.19",
-            "0.5.20",
-            "0.5.21",
-            "0.5.22",
-            "0.5.23",
-        ),
+        "4057f850e07f45c9": ("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20"),
+        "369fba85bf118961": ("0.5.21", "0.5.22", "0.5.23"),
     },
 }
 """For each replaced function, its known fingerprints and the releases that
@@ -212,8 +202,15 @@ def _without_docstring(tree: ast.FunctionDef) -> ast.FunctionDef:
     return out
 
 
-def _resolved(function: types.FunctionType) -> list[str]:
-    """What each global name the function reads is bound to."""
+def _resolved(function: types.FunctionType, seen: frozenset = frozenset()) -> list[str]:
+    """What each global name the function reads is bound to. A plain
+    function of the same module is named by its fingerprint too, computed
+    the same way, so that an edit of a helper the function calls (where its
+    logic may live: ``get_top_logprobs`` is one call of
+    ``get_top_logprobs_raw``) is an edit of the function; one whose source
+    cannot be proven to be the code that runs is marked so. A function of
+    another module is named by its qualified name alone (reading a module as
+    large as ``sglang.srt.utils.common`` would cost more than the rest)."""
     out = []
     names = sorted(
         {
@@ -232,12 +229,41 @@ def _resolved(function: types.FunctionType) -> list[str]:
                 continue
         if isinstance(value, types.ModuleType):
             what = f"module {value.__name__}"
+        elif getattr(value, "__module__", None) == function.__module__ and hasattr(
+            value, "__qualname__"
+        ):
+            # Not by its module's name: the fingerprint of a function is the
+            # same wherever its module is imported from. A function by its code.
+            what = f"(its module).{value.__qualname__}"
+            if _same_module(value, function) and HELPERS_BY_CODE and value.__code__ not in seen:
+                what += f" {_callee(value, seen | {function.__code__})}"
         elif callable(value) and hasattr(value, "__qualname__"):
             what = f"{getattr(value, '__module__', '?')}.{value.__qualname__}"
         else:
             what = type(value).__name__
         out.append(f"{name}={what}")
     return out
+
+
+HELPERS_BY_CODE = True
+"""Off only in the test that shows what naming a helper alone let through."""
+
+
+def _same_module(value, function: types.FunctionType) -> bool:
+    return (
+        isinstance(value, types.FunctionType)
+        and value.__module__ == function.__module__
+        and value.__code__.co_filename == function.__code__.co_filename
+    )
+
+
+def _callee(function: types.FunctionType, seen: frozenset) -> str:
+    try:
+        tree = source.parse_function(function)
+    except source.SourceMismatch:
+        return "(source not proven)"
+    text = _canonical(_without_docstring(tree)) + "|" + ";".join(_resolved(function, seen))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _hash(tree: ast.FunctionDef, function: types.FunctionType) -> str:
