@@ -38,7 +38,7 @@ CHILD = textwrap.dedent(
     import flatgather.sglang as fs
     from flatgather.sglang import draft_prefill, installer, prefill_result, releases
     from flatgather.sglang import spec_logprobs, spec_logprobs_check as chain
-    from flatgather.sglang.standins import install_sgl_kernel_stand_in
+    from flatgather.testing import install_sgl_kernel_stand_in
     import sglang.srt.layers.logits_processor  # noqa: F401  (imported before timing)
     install_sgl_kernel_stand_in()
     worker = importlib.import_module(draft_prefill.MODULE)

@@ -27,7 +27,7 @@ def main() -> int:
     import sglang.srt.layers.logits_processor  # noqa: F401  (before the stand-in)
     from flatgather.sglang import draft_check, draft_match, draft_rewrite, source
     from flatgather.sglang import draft_prefill as dp
-    from flatgather.sglang.standins import install_sgl_kernel_stand_in
+    from flatgather.testing import install_sgl_kernel_stand_in
 
     install_sgl_kernel_stand_in()
     from sglang.srt.model_executor.forward_batch_info import ForwardMode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import flatgather.sglang
+import flatgather.testing
 import pytest
 from conftest import RELEASE, ROW
 from flatgather.bench.batches import metadata
@@ -37,7 +38,7 @@ STOCK_FORWARD = vars(LogitsProcessor)["forward"]
 
 
 def _stock_forward(self, *args, **kwargs):
-    with flatgather.sglang.module_functions_as_shipped():
+    with flatgather.testing.module_functions_as_shipped():
         return STOCK_FORWARD(self, *args, **kwargs)
 
 

@@ -9,6 +9,7 @@ import random
 
 import flatgather
 import flatgather.sglang
+import flatgather.testing
 import numpy as np
 import pytest
 import torch
@@ -113,7 +114,7 @@ def _spec_step_on_cuda(chain, step, stock: bool, side, busy):
     with torch.cuda.stream(side):
         busy @ busy
         if stock:
-            with flatgather.sglang.module_functions_as_shipped():
+            with flatgather.testing.module_functions_as_shipped():
                 sc._stage1(chain, step, lo)
         else:
             sc._stage1(chain, step, lo)

@@ -29,7 +29,7 @@ from flatgather.bench import draft_harness
 from flatgather.bench.draft_harness import make_inputs
 from flatgather.sglang import draft_match, draft_prefill
 from flatgather.sglang.releases import IN_PLACE, NEW_TENSOR_MM
-from flatgather.sglang.standins import install_sgl_kernel_stand_in
+from flatgather.testing import install_sgl_kernel_stand_in
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -567,7 +567,7 @@ def test_patched_when_the_worker_module_is_imported_after_install():
         import sys
         import flatgather.sglang as fs
         from flatgather.bench import draft_harness as h
-        from flatgather.sglang.standins import install_sgl_kernel_stand_in
+        from flatgather.testing import install_sgl_kernel_stand_in
 
         name = {draft_prefill.MODULE!r}
         report = fs.install()

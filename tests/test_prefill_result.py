@@ -28,7 +28,7 @@ from _sglang import ROW
 from flatgather.sglang import prefill_result, spec_logprobs_check
 from flatgather.sglang.patching import Prepared
 from flatgather.sglang.prefill_result import FIX, METHOD, Harness, Request
-from flatgather.sglang.standins import install_sgl_kernel_stand_in
+from flatgather.testing import install_sgl_kernel_stand_in
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -306,7 +306,7 @@ def test_patched_when_the_scheduler_module_is_imported_after_install():
         import importlib, sys
         import flatgather.sglang as fs
         from flatgather.sglang import prefill_result as pr
-        from flatgather.sglang.standins import install_sgl_kernel_stand_in
+        from flatgather.testing import install_sgl_kernel_stand_in
 
         report = fs.install()
         names = [n for n in pr.MODULES if n in report.pending]

@@ -29,7 +29,7 @@ from flatgather.bench.batches import publish_server_args
 from flatgather.sglang import prefill_result
 from flatgather.sglang.compare import first_difference
 from flatgather.sglang.prefill_result import FIX, METHOD, Harness
-from flatgather.sglang.standins import install_sgl_kernel_stand_in
+from flatgather.testing import install_sgl_kernel_stand_in
 
 # The mixin of 0.5.10 to 0.5.12 imports modules that need sgl_kernel; the
 # stand-in goes in after logits_processor (imported by _sglang).

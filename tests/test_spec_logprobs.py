@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 from _sglang import RELEASE  # skips without a release
-from flatgather import PlanError
+from flatgather import PlanError, testing
 from flatgather._core import SpecLogprobsPlan
 from flatgather.bench import spec_chain as sc
 from flatgather.bench.counts import aten_ops, host_syncs
@@ -717,7 +717,7 @@ def _copies_to_host(device: str, stock: bool, step, counter: list) -> dict:
     host rows and whether each is pinned."""
     lo = sc._logits_output(step)
     if stock:
-        with fs.module_functions_as_shipped():
+        with testing.module_functions_as_shipped():
             sc._stage1(CHAIN, step, lo)
     else:
         sc._stage1(CHAIN, step, lo)
@@ -803,7 +803,7 @@ def test_move_logprobs_to_cpu_is_the_release_s():
         fn(None, batch=types.SimpleNamespace(return_logprob=True), logits_output=lo)
         return [lo.next_token_top_logprobs_val, lo.next_token_top_logprobs_idx]
 
-    with fs.module_functions_as_shipped():
+    with testing.module_functions_as_shipped():
         expected = run(stock, False)
     actual = run(CHAIN.processor.move_logprobs_to_cpu, True)
     assert difference(actual, expected) is None

@@ -578,7 +578,7 @@ def _stand_ins() -> None:
     """The CPU stand-in for sgl_kernel, which the draft worker and the
     scheduler modules import; after logits_processor, which must not see it."""
     importlib.import_module("sglang.srt.layers.logits_processor")
-    from flatgather.sglang.standins import install_sgl_kernel_stand_in
+    from flatgather.testing import install_sgl_kernel_stand_in
 
     install_sgl_kernel_stand_in()
 

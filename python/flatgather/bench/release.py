@@ -11,11 +11,12 @@ import sys
 
 import torch
 
+from flatgather import testing
 from flatgather.bench.batches import metadata
 from flatgather.sglang import draft_prefill, input_logprobs_check
 from flatgather.sglang.input_logprobs import CHUNK, PREFILL
-from flatgather.sglang.standins import install_sgl_kernel_stand_in
 from flatgather.sglang.unpinned import first_run, within
+from flatgather.testing import install_sgl_kernel_stand_in
 
 
 class SGLang:
@@ -125,7 +126,7 @@ class SGLang:
         """Where the release's side runs: the module-level functions
         ``install()`` replaced are the release's own, and pinning as on
         flatgather's side."""
-        with self.fs.module_functions_as_shipped(), within(self._no_pin):
+        with testing.module_functions_as_shipped(), within(self._no_pin):
             yield
 
     def stock_notes(self) -> list[str]:

@@ -41,6 +41,7 @@ from collections.abc import Iterator
 
 import torch
 
+from flatgather import testing
 from flatgather.sglang import spec_logprobs
 
 SPEC_FUNCTIONS = (
@@ -135,7 +136,7 @@ def find() -> Chain:
             spec, kind = vars(module)[name], name
             break
     if spec is None:  # 0.5.10: a method of the worker (its module needs sgl_kernel)
-        from flatgather.sglang.standins import install_sgl_kernel_stand_in
+        from flatgather.testing import install_sgl_kernel_stand_in
 
         # What imports sgl_kernel only if it is there must find it missing.
         importlib.import_module("sglang.srt.layers.logits_processor")
@@ -243,9 +244,8 @@ def _requests(chain: Chain, step: Step, output, logprobs) -> list:
 
 @contextlib.contextmanager
 def _stock_objects(chain: Chain) -> Iterator[None]:
-    import flatgather.sglang as fs
 
-    with fs.module_functions_as_shipped():
+    with testing.module_functions_as_shipped():
         yield
 
 

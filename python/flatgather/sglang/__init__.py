@@ -27,7 +27,6 @@ if TYPE_CHECKING:
         install,
         installed_report,
         is_installed,
-        module_functions_as_shipped,
         sglang_release,
         uninstall,
     )
@@ -40,7 +39,6 @@ __all__ = [
     "install",
     "installed_report",
     "is_installed",
-    "module_functions_as_shipped",
     "sglang_release",
     "uninstall",
 ]

@@ -93,7 +93,7 @@ import copy
 
 from flatgather.sglang import draft_check, draft_match, draft_rewrite, source
 from flatgather.sglang.draft_rotate import rotate, takes
-from flatgather.sglang.patching import Patch, Prepared
+from flatgather.sglang.patching import Patch, Prepared, never_raises
 
 __all__ = [
     "BACKPORT",
@@ -124,16 +124,14 @@ DraftPatch = Prepared
 """What :func:`prepare` returns (see :class:`~flatgather.sglang.patching.Prepared`)."""
 
 
+@never_raises(lambda module: WHERE)
 def prepare(module) -> DraftPatch:
     """The patch of ``module``'s (``eagle_worker_v2``'s)
     ``EagleDraftWorker._draft_extend_for_prefill``: the rotation gather and,
     where the method lacks it, the ``return_logprob`` backport, each verified
     or refused on its own. Never raises: whatever cannot be done is a note,
     and the method stays stock."""
-    try:
-        return _prepare(module)
-    except Exception as exc:
-        return DraftPatch.refused(f"{WHERE} left stock: {type(exc).__name__}: {exc}")
+    return _prepare(module)
 
 
 def _prepare(module) -> DraftPatch:

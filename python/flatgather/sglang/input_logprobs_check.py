@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from flatgather.sglang import shapes
+from flatgather.sglang.check import Answered, side_by_side
 from flatgather.sglang.compare import first_difference
 from flatgather.sglang.input_logprobs import CHUNK, PREFILL, Walk, make_chunk, make_prefill
 from flatgather.sglang.patching import Patch, Prepared
@@ -140,37 +141,30 @@ def _run(fn, call: _Call, chunk: bool):
     return {"returned": returned, "val": val, "idx": named}
 
 
-class _Gathers:
-    """Counts the calls the gather answered."""
+def _where(call) -> str:
+    return (
+        f"on pruned lengths {call.lens}, ids {call.ids}, {call.logprobs.shape[0]} rows, "
+        f"split {call.split}, {call.logprobs.dtype}"
+        f"{', normalized' if call.normalizer is not None else ''}"
+        f"{', pinned' if call.pinned else ''}"
+    )
 
-    def __init__(self) -> None:
-        self.count = 0
 
-    def __call__(self) -> None:
-        self.count += 1
-
-
-def _verify(original, replacement, gathers: _Gathers, cases, chunk: bool) -> str | None:
+def _verify(original, replacement, gathers: Answered, cases, chunk: bool) -> str | None:
     keywords = set(original.__code__.co_varnames[: original.__code__.co_argcount])
-    for call in _calls(cases, keywords):
-        where = (
-            f"on pruned lengths {call.lens}, ids {call.ids}, {call.logprobs.shape[0]} rows, "
-            f"split {call.split}, {call.logprobs.dtype}"
-            f"{', normalized' if call.normalizer is not None else ''}"
-            f"{', pinned' if call.pinned else ''}"
-        )
-        expected = _run(original, call, chunk)
-        before = gathers.count
-        actual = _run(replacement, call, chunk)
-        found = first_difference(actual, expected, "")
-        if found:
-            return f"{where}: {found}"
-        if (gathers.count > before) != call.gathers:
-            return f"{where}: the gather {'did not answer' if call.gathers else 'answered'}"
-    return None
+    return side_by_side(
+        original,
+        replacement,
+        _calls(cases, keywords),
+        lambda fn, call: _run(fn, call, chunk),
+        gathers,
+        flat=lambda call: call.gathers,
+        where=_where,
+        compare=first_difference,
+    )
 
 
-def _candidates(name: str, original, gathers: _Gathers):
+def _candidates(name: str, original, gathers: Answered):
     """The replacements to try for ``original``, each with its walk."""
     if name == PREFILL:
         return [make_prefill(original, gathers)]
@@ -190,7 +184,7 @@ def prepare(modules) -> Prepared:
                 continue
             where = f"{module.__name__}.{name}"
             chunk = name == CHUNK
-            gathers = _Gathers()
+            gathers = Answered()
             replacement, problem = None, None
             try:
                 for candidate in _candidates(name, original, gathers):

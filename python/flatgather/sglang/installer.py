@@ -44,7 +44,7 @@ from flatgather.sglang import (
     spec_logprobs,
     spec_logprobs_check,
 )
-from flatgather.sglang.patching import Patch, Prepared, apply_all, revert_all
+from flatgather.sglang.patching import Patch, Prepared, apply_all, never_raises, revert_all
 from flatgather.sglang.probe import ProbeFailed, Verdict
 from flatgather.sglang.pruned_states import (
     Contract,
@@ -218,10 +218,8 @@ def _on_import(state: _Installed, prepare, module) -> None:
         if _state is not state or (name, prepare) not in state.pending:
             return
         del state.pending[(name, prepare)]
-        try:
-            result = prepare(module)
-        except Exception as exc:  # never fail the import this rides on
-            result = Prepared.refused(f"{name} left stock: {type(exc).__name__}: {exc}")
+        # Never fail the import this rides on.
+        result = never_raises(lambda module: module.__name__)(prepare)(module)
         state.notes.extend(result.notes)
         for note in result.notes:
             log.warning("flatgather: %s", note)
@@ -384,11 +382,12 @@ def uninstall(timeout: float | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def module_functions_as_shipped() -> Iterator[None]:
+def _module_functions_as_shipped() -> Iterator[None]:
     """Within it, the module-level functions that :func:`install` replaced
     (the token-id input logprobs) are the release's own again, so that the
     release's code can be run beside flatgather's in one process: the
-    bench's **stock** side, the tests' oracle. Not for serving: every thread
+    bench's **stock** side, the tests' oracle (:mod:`flatgather.testing`
+    hands it out). Not for serving: every thread
     sees the swap. It holds the install lock throughout, so that no
     ``install()`` or ``uninstall()`` in another thread interleaves with the
     swap and the swap back (either would leave the other's functions in

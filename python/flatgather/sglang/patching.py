@@ -3,9 +3,11 @@ patcher that waits for a module's import hands back."""
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 _MISSING = object()
@@ -84,3 +86,22 @@ def revert_all(patches: Sequence[Patch]) -> None:
     """Revert in reverse order of application."""
     for patch in reversed(patches):
         patch.revert()
+
+
+def never_raises(where: Callable[[ModuleType], str]):
+    """The one guard of every patcher's ``prepare(module) -> Prepared``:
+    what it raises becomes a refusal, a note naming ``where(module)`` and
+    the exception, and the code stays as shipped. (``KeyboardInterrupt``
+    and other ``BaseException``s go through.)"""
+
+    def guard(prepare: Callable[[ModuleType], Prepared]) -> Callable[[ModuleType], Prepared]:
+        @functools.wraps(prepare)
+        def guarded(module: ModuleType) -> Prepared:
+            try:
+                return prepare(module)
+            except Exception as exc:
+                return Prepared.refused(f"{where(module)} left stock: {type(exc).__name__}: {exc}")
+
+        return guarded
+
+    return guard

@@ -88,7 +88,7 @@ from dataclasses import dataclass
 
 from flatgather.sglang import source
 from flatgather.sglang.compare import first_difference
-from flatgather.sglang.patching import Patch, Prepared
+from flatgather.sglang.patching import Patch, Prepared, never_raises
 
 __all__ = [
     "FIX",
@@ -995,18 +995,14 @@ def owner_of(module) -> type | str:
     return owners[0]
 
 
+@never_raises(lambda module: f"{module.__name__}.{METHOD}")
 def prepare(module) -> Prepared:
     """The patch of ``module``'s ``process_batch_result_prefill`` (the mixin's
     or the batch result processor's): its skip branch advances the input
     logprob cursor, verified against the release's own method; nothing where
     the release already advances it. Never raises: whatever cannot be done
     is a note, and the method stays as shipped."""
-    try:
-        return _prepare(module)
-    except Exception as exc:
-        return Prepared.refused(
-            f"{module.__name__}.{METHOD} left stock: {type(exc).__name__}: {exc}"
-        )
+    return _prepare(module)
 
 
 def _prepare(module) -> Prepared:

@@ -58,8 +58,9 @@ from dataclasses import dataclass
 import torch
 
 from flatgather.sglang import shapes, source, spec_logprobs
+from flatgather.sglang.check import Answered, side_by_side
 from flatgather.sglang.compare import first_difference
-from flatgather.sglang.patching import Patch, Prepared
+from flatgather.sglang.patching import Patch, Prepared, never_raises
 
 __all__ = [
     "CONSUMERS",
@@ -169,16 +170,6 @@ def _calls(name: str) -> Iterator[_Call]:
         yield _Call(name, logprobs, [copy.copy(a) for a in arg], flat)
 
 
-class _Answers:
-    """Counts the calls flatgather, not the release, answered."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self) -> None:
-        self.count += 1
-
-
 def _answer(fn, call: _Call):
     """What ``fn`` returns for ``call`` and what the release's chain (a host
     copy and ``.tolist()`` per row) makes of each list; the id lists named by
@@ -203,18 +194,19 @@ def _answer(fn, call: _Call):
     return {"lists": lists, "chain": chain}
 
 
-def _verify_producer(original, replacement, answers: _Answers, name: str) -> str | None:
-    for call in _calls(name):
-        where = f"{name} on {call.arg}, {call.logprobs.shape[0]} rows, {call.logprobs.dtype}"
-        expected = _answer(original, call)
-        before = answers.count
-        actual = _answer(replacement, call)
-        found = difference(actual, expected, "")
-        if found:
-            return f"{where}:{found}"
-        if (answers.count > before) != call.flat:
-            return f"{where}: the gather {'did not answer' if call.flat else 'answered'}"
-    return None
+def _verify_producer(original, replacement, answers: Answered, name: str) -> str | None:
+    return side_by_side(
+        original,
+        replacement,
+        _calls(name),
+        _answer,
+        answers,
+        flat=lambda call: call.flat,
+        where=lambda call: (
+            f"{name} on {call.arg}, {call.logprobs.shape[0]} rows, {call.logprobs.dtype}"
+        ),
+        compare=difference,
+    )
 
 
 _verified: dict[Callable, tuple[Callable | None, str | None]] = {}
@@ -229,7 +221,7 @@ def producer(original: Callable, name: str) -> tuple[Callable | None, str | None
 
 
 def _producer(original: Callable, name: str) -> tuple[Callable | None, str | None]:
-    answers = _Answers()
+    answers = Answered()
     if name == spec_logprobs.TOP:
         candidates = [(spec_logprobs.make_top_logprobs, ())]
     else:
@@ -606,15 +598,11 @@ def methods_with_loops(owner: type) -> list[str]:
     return names
 
 
+@never_raises(lambda module: f"{module.__name__}: the logprob chain")
 def prepare_consumers(module) -> Prepared:
     """The rebuilt methods of ``module``'s class of :data:`CONSUMER_CLASSES`,
     each verified; never raises."""
-    try:
-        return _prepare_consumers(module)
-    except Exception as exc:
-        return Prepared.refused(
-            f"{module.__name__}: the logprob chain left stock: {type(exc).__name__}: {exc}"
-        )
+    return _prepare_consumers(module)
 
 
 def _prepare_consumers(module) -> Prepared:
