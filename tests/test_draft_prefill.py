@@ -27,7 +27,8 @@ import torch
 from _sglang import DRAFT_NO_LOGPROB, ROW
 from flatgather.bench import draft_harness
 from flatgather.bench.draft_harness import make_inputs
-from flatgather.sglang import draft_match, draft_prefill
+from flatgather.sglang import draft_prefill
+from flatgather.sglang.draft_prefill import match as draft_match
 from flatgather.sglang.releases import IN_PLACE, NEW_TENSOR_MM
 from flatgather.testing import install_sgl_kernel_stand_in
 from hypothesis import given, settings

@@ -46,7 +46,7 @@ MARKERS = {
         ("LazyAuxPruned.resolve", "prune: lazy aux resolved at the store"),
     ),
     "flatgather.sglang.input_logprobs": (("TokenIdsPlan", "input logprobs: token-id plan"),),
-    "flatgather.sglang.draft_rotate": (("RotationPlan", "draft prefill: flat rotation"),),
+    "flatgather.sglang.draft_prefill.rotate": (("RotationPlan", "draft prefill: flat rotation"),),
     "flatgather.sglang.spec_logprobs": (
         ("SpecLogprobsPlan.top_k", "output logprobs: top-k plan"),
         ("SpecLogprobsPlan.token_ids", "output logprobs: token-id plan"),

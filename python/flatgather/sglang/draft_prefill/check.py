@@ -21,8 +21,8 @@ import types
 import torch
 
 from flatgather.sglang import source
-from flatgather.sglang.draft_match import Loop, top_index
-from flatgather.sglang.draft_rewrite import Names
+from flatgather.sglang.draft_prefill.match import Loop, top_index
+from flatgather.sglang.draft_prefill.rewrite import Names
 
 __all__ = ["blocks", "probe_inputs", "verify"]
 
@@ -147,7 +147,7 @@ def verify(
     probe case (and the gather applies where it should); else what differs.
 
     ``rewritten`` is the method's tree after
-    :func:`~flatgather.sglang.draft_rewrite.replace_loop` (which returned
+    :func:`~flatgather.sglang.draft_prefill.rewrite.replace_loop` (which returned
     ``branch``), ``k`` the index of the statement of the release's body that
     holds ``loop``, and ``closure`` what the rewritten method will call by
     ``names``: the very functions checked here."""

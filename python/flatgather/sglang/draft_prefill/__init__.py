@@ -21,7 +21,7 @@ installed function's own syntax tree:
 
 1. :func:`flatgather.sglang.source.parse_method` reads the method's source and
    proves that it compiles to the very code object that runs.
-2. A small structural matcher (:mod:`~flatgather.sglang.draft_match`) finds
+2. A small structural matcher (:mod:`~flatgather.sglang.draft_prefill.match`) finds
    the rotation loop, in whichever of the shapes the releases use (in place
    into ``batch.input_ids``; into a new tensor the release allocated; with
    or without the ``mm_input_embeds`` rotation), binding each placeholder
@@ -30,7 +30,7 @@ installed function's own syntax tree:
    elsewhere in the method, leaves the rotation stock, with a note saying
    why.
 3. Only that ``for`` statement is replaced
-   (:mod:`~flatgather.sglang.draft_rewrite`)::
+   (:mod:`~flatgather.sglang.draft_prefill.rewrite`)::
 
        lens = LENS
        end = flatgather_rotate(src=SRC, ..., lens=lens, pt=pt) if flatgather_takes(lens) else None
@@ -41,10 +41,10 @@ installed function's own syntax tree:
 
    The lengths are evaluated once, as the release's ``for`` evaluates them;
    the source, tails and destinations only where the release's loop would
-   iterate at least once (:func:`~flatgather.sglang.draft_rotate.takes`: two
+   iterate at least once (:func:`~flatgather.sglang.draft_prefill.rotate.takes`: two
    requests or more), in the order its first iteration evaluates them.
 
-   :func:`~flatgather.sglang.draft_rotate.rotate` takes only inputs it
+   :func:`~flatgather.sglang.draft_prefill.rotate.rotate` takes only inputs it
    reproduces exactly (positive lengths that sum to the rows of
    ``input_ids``, one tail per request, one device, and so on); for anything
    else it returns None before touching a tensor and the release's own loop
@@ -52,7 +52,7 @@ installed function's own syntax tree:
    capturing a graph. Every other line of the method, the tail tokens of
    ``_eagle_prefill_tail_tokens`` included, runs as shipped, with the
    release's line numbers in tracebacks.
-4. Before anything is patched (:mod:`~flatgather.sglang.draft_check`), the
+4. Before anything is patched (:mod:`~flatgather.sglang.draft_prefill.check`), the
    release's block (the statements of the method up to the one holding the
    loop) and the rewritten block are compiled on their own and run side by
    side on small CPU batches (one request, lengths of one, several
@@ -74,13 +74,13 @@ Where each part lives
 ---------------------
 - this module: the names of what is patched, and :func:`prepare`, which
   runs the steps above and hands :mod:`flatgather.sglang` the patch;
-- :mod:`~flatgather.sglang.draft_rotate`: what runs in the server on each
+- :mod:`~flatgather.sglang.draft_prefill.rotate`: what runs in the server on each
   prefill step (``rotate`` and ``takes``), the only part the patched method
   calls;
-- :mod:`~flatgather.sglang.draft_match`: the matcher (step 2);
-- :mod:`~flatgather.sglang.draft_rewrite`: the new syntax tree (step 3 and
+- :mod:`~flatgather.sglang.draft_prefill.match`: the matcher (step 2);
+- :mod:`~flatgather.sglang.draft_prefill.rewrite`: the new syntax tree (step 3 and
   the backport);
-- :mod:`~flatgather.sglang.draft_check`: the check against the release's
+- :mod:`~flatgather.sglang.draft_prefill.check`: the check against the release's
   own block (step 4);
 - :func:`flatgather.sglang.source.parse_method` and
   :func:`~flatgather.sglang.source.build_method`: reading the release's
@@ -91,8 +91,11 @@ from __future__ import annotations
 
 import copy
 
-from flatgather.sglang import draft_check, draft_match, draft_rewrite, source
-from flatgather.sglang.draft_rotate import rotate, takes
+from flatgather.sglang import source
+from flatgather.sglang.draft_prefill import check as draft_check
+from flatgather.sglang.draft_prefill import match as draft_match
+from flatgather.sglang.draft_prefill import rewrite as draft_rewrite
+from flatgather.sglang.draft_prefill.rotate import rotate, takes
 from flatgather.sglang.patching import Patch, Prepared, never_raises
 
 __all__ = [
