@@ -180,9 +180,10 @@ def test_the_chain_oracle_sees_a_stage_that_moves_rows(tmp_path, monkeypatch):
         out = spec_logprobs.rows_to_host(rows, elt)
         return out[1:] + out[:1] if len(out) > 3 else out
 
-    helpers = {**spec_logprobs_check._HELPERS, spec_logprobs_check.TO_HOST: rotated}
-    monkeypatch.setattr(spec_logprobs_check, "_HELPERS", helpers)
-    monkeypatch.setattr(spec_logprobs_check, "_verify_chain", lambda *args: None)
+    consumers = spec_logprobs_check.consumers
+    helpers = {**consumers._HELPERS, spec_logprobs_check.TO_HOST: rotated}
+    monkeypatch.setattr(consumers, "_HELPERS", helpers)
+    monkeypatch.setattr(consumers, "_verify_chain", lambda *args: None)
     record = judge(target, control, tree, node, tmp_path, 20, 0)
     assert record.verdict == "silently different", record
 

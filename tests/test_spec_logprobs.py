@@ -579,7 +579,7 @@ def test_a_rewrite_whose_call_is_not_its_loop_is_refused(monkeypatch, edit):
     a call that reads another list, or hands the rows to the other helper,
     is refused (the install-time run of each element would not see it)."""
 
-    class Edited(spec_logprobs_check._Replace):
+    class Edited(spec_logprobs_check.consumers._Replace):
         def visit_ListComp(self, node):
             call = super().visit_ListComp(node)
             if isinstance(call, ast.Call) and call.args[0].attr.endswith("_idx"):
@@ -595,7 +595,7 @@ def test_a_rewrite_whose_call_is_not_its_loop_is_refused(monkeypatch, edit):
         "    b = [x.tolist() for x in o.next_token_top_logprobs_idx]\n"
     ).body[0]
     assert isinstance(spec_logprobs_check.rewrite(tree), spec_logprobs_check.Rewrite)
-    monkeypatch.setattr(spec_logprobs_check, "_Replace", Edited)
+    monkeypatch.setattr(spec_logprobs_check.consumers, "_Replace", Edited)
     found = spec_logprobs_check.rewrite(tree)
     assert found == "the rewritten method is not the release's with the loops put back", found
 
@@ -607,9 +607,9 @@ def test_a_rewrite_whose_call_is_not_its_loop_is_refused(monkeypatch, edit):
 def fresh_checks():
     """The producer checks are cached per release function: a test that
     breaks flatgather's code must not leave its verdict behind."""
-    spec_logprobs_check._verified.clear()
+    spec_logprobs_check.producers._verified.clear()
     yield
-    spec_logprobs_check._verified.clear()
+    spec_logprobs_check.producers._verified.clear()
 
 
 @pytest.mark.matrix
@@ -705,7 +705,7 @@ def test_the_release_s_host_copy_is_known():
     if helper is None:  # up to 0.5.14: v.to("cpu", non_blocking=True) inline
         assert "_async_d2h" not in inspect.getsource(CHAIN.stock["copy_to_cpu"])
         return
-    found = spec_logprobs_check._copy_fingerprint(helper)
+    found = spec_logprobs_check.consumers._copy_fingerprint(helper)
     assert RELEASE in spec_logprobs_check.COPY_HELPERS.get(found, ()), (
         f"{RELEASE}: host copy fingerprint {found} not in COPY_HELPERS; regenerate it"
     )

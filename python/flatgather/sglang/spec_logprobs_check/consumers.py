@@ -1,283 +1,35 @@
-"""Where the output-logprob chain of the running release lives, and the
-proof, before anything is patched, that flatgather's chain gives exactly the
-release's answer (see :mod:`flatgather.sglang.spec_logprobs`).
-
-Two kinds of patch, each prepared when its module is imported:
-
-* **producers** (:func:`prepare_producers`): ``get_top_logprobs`` and
-  ``get_token_ids_logprobs`` are replaced in the module globals where their
-  callers look them up (``logprob_processor`` from 0.5.16 on,
-  ``layers/utils/logprob`` and ``sampler`` before, and 0.5.10's
-  ``eagle_worker_v2``, whose spec logprobs are a method). Each replacement
-  and the release's own function run side by side on small CPU batches (top
-  numbers 0, 1 and 20 mixed, all equal, one row, padding rows past the
-  lists, a number past the vocabulary; id lists None, empty, ragged and
-  negative, all None, an id outside the vocabulary; float32 and bfloat16),
-  and everything is compared: what each returns or raises, types, dtypes,
-  shapes, strides, bytes, the id lists themselves, and what the rest of the
-  chain (a host copy and ``.tolist()`` per row) makes of it. The two ways
-  the releases fill a row without ids (an empty list up to 0.5.20, an empty
-  tensor since) are both tried; the one that matches is used.
-* **the chain** (:func:`prepare_consumers`): ``GenerationBatchResult.copy_to_cpu``
-  and the scheduler methods that call ``.tolist()`` per row are rebuilt from
-  the release's own source, proven to be the running code
-  (:func:`flatgather.sglang.source.parse_method`), with only the per-row
-  comprehensions over the three logprob lists replaced, each by a call that
-  takes the release's own element expression as a lambda. The rebuilt tree,
-  with each call turned back into the comprehension its own list, lambda and
-  kind make, must be the release's tree; each element
-  expression, compiled on its own in the release's globals, is then run
-  through flatgather's helper and through the release's comprehension on the
-  lists both producers make, and the results (and the next stage's
-  ``.tolist()`` of them) compared. A comprehension over those lists of any
-  other shape leaves the method stock, with a note.
-
-  The host copy of ``copy_to_cpu`` is checked before that, by what it is:
-  on a CPU every release's copy returns its input (or a plain copy), so the
-  comparison never reaches the branch a server runs (a pinned host tensor,
-  the copy, ``record_stream``). It must be ``v.to("cpu", non_blocking=True)``
-  (up to 0.5.14) or a call of a helper whose fingerprint
-  (:func:`flatgather.sglang.shapes.fingerprint`: its proven source and what
-  its globals are bound to) is one of :data:`COPY_HELPERS`, the releases'
-  ``_async_d2h`` / ``async_d2h``; any other one-argument call leaves the
-  method stock, with a note. ``tests/test_spec_logprobs.py`` compares the
-  pinned branch itself where a CUDA device is present.
-"""
+"""The chain's patch: ``copy_to_cpu`` and the scheduler's methods rebuilt
+with their per-row loops over the logprob lists replaced, each checked
+against the release's own loops (see the package's docstring)."""
 
 from __future__ import annotations
 
 import ast
 import copy
 import importlib
-import itertools
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from flatgather.sglang import shapes, source, spec_logprobs
-from flatgather.sglang.check import Answered, side_by_side
-from flatgather.sglang.compare import first_difference
 from flatgather.sglang.patching import Patch, Prepared, never_raises
-
-__all__ = [
-    "CONSUMERS",
-    "COPY_HELPERS",
-    "PRODUCERS",
-    "prepare_consumers",
-    "prepare_producers",
-    "rewrite",
-    "unknown_copy",
-]
-
-PRODUCER_MODULES = (
-    "sglang.srt.layers.logprob_processor",
-    "sglang.srt.layers.utils.logprob",
-    "sglang.srt.layers.sampler",
-    "sglang.srt.speculative.eagle_worker_v2",
+from flatgather.sglang.spec_logprobs_check.names import (
+    CONSUMER_CLASSES,
+    CONSUMERS,
+    FIELDS,
+    TO_HOST,
+    TOLIST,
 )
-"""Modules whose code calls the two functions through its own globals."""
-
-CONSUMER_CLASSES = {
-    "sglang.srt.managers.utils": "GenerationBatchResult",
-    "sglang.srt.managers.scheduler_components.batch_result_processor": (
-        "SchedulerBatchResultProcessor"
-    ),
-    "sglang.srt.managers.scheduler_output_processor_mixin": "SchedulerOutputProcessorMixin",
-}
-"""The classes whose methods copy the logprob lists row by row (0.5.13 on,
-the scheduler's part is ``SchedulerBatchResultProcessor``; before, the
-mixin, inline in ``process_batch_result_decode`` and ``_prefill``)."""
-
-PRODUCERS = "output-logprobs"
-CONSUMERS = "output-logprobs-chain"
-"""The names of the two patches in the install report."""
-
-FIELDS = frozenset(
-    {
-        "next_token_top_logprobs_val",
-        "next_token_top_logprobs_idx",
-        "next_token_token_ids_logprobs_val",
-    }
+from flatgather.sglang.spec_logprobs_check.producers import (
+    _calls,
+    _release_function,
+    _tolist,
+    difference,
+    producer,
 )
-TO_HOST = "__flatgather_rows_to_host__"
-TOLIST = "__flatgather_rows_tolist__"
-
-VOCAB = 24
-
-# (top-k numbers, rows of the logprobs, whether flatgather answers)
-_TOP_CASES = (
-    ([0, 0, 1, 1, 20, 20, 5, 5], 8, True),  # 0 / 1 / 20 mixed, A = 2
-    ([3, 3, 3, 3, 3, 3], 6, True),  # every row keeps all: the rows as they are
-    ([2, 0, 7], 5, True),  # padding rows past the list
-    ([4], 1, False),  # one row: the release's loop is as cheap
-    ([2, 25], 2, False),  # past the vocabulary: the release's error
-    ([2, -1], 2, False),  # a negative number slices from the end there
-)
-_IDS = ([3, 1], None, [], [2, -1, 23, 2], [0], [-24, 5, 4])
-_ID_CASES = (
-    ([_IDS[0], _IDS[0], _IDS[3], _IDS[3], _IDS[4], _IDS[4]], 6, True),  # ragged, A = 2
-    ([_IDS[0], _IDS[1], _IDS[2], _IDS[5], _IDS[1]], 5, True),  # None and empty mixed
-    ([_IDS[2], _IDS[2]], 4, True),  # nothing to gather, padding rows
-    ([_IDS[1], _IDS[1], _IDS[1]], 3, True),  # no row asks
-    ([_IDS[3]], 1, False),  # one row
-    ([_IDS[0], [24]], 2, False),  # an id past the vocabulary: the release's error
-    ([_IDS[0], (1, 2)], 2, False),  # ids as a tuple: the release's own conversion
-)
-
-
-def difference(actual, expected, path: str = "result") -> str | None:
-    """:func:`flatgather.sglang.compare.first_difference`, strides included:
-    a stage hands its rows on as views, and the next stage's copy keeps
-    their layout."""
-    return first_difference(actual, expected, path, strides=True)
-
-
-def _host(v):
-    """The release's per-row host copy, as every release writes it (on the
-    CPU, the row itself)."""
-    return v.to("cpu", non_blocking=True) if torch.is_tensor(v) else v
-
-
-def _tolist(v):
-    return v.tolist()
-
-
-@dataclass(frozen=True)
-class _Call:
-    name: str
-    logprobs: torch.Tensor
-    arg: list
-    flat: bool
-    """Whether flatgather, not the release, answers."""
-
-
-_logprobs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
-
-
-def _calls(name: str) -> Iterator[_Call]:
-    cases = _TOP_CASES if name == spec_logprobs.TOP else _ID_CASES
-    for (arg, rows, flat), dtype in itertools.product(cases, (torch.float32, torch.bfloat16)):
-        logprobs = _logprobs.get((rows, dtype))
-        if logprobs is None:
-            # Any distinct values do: only where they land is compared.
-            gen = torch.Generator().manual_seed(rows)
-            logprobs = _logprobs[rows, dtype] = (torch.randn(rows, VOCAB, generator=gen) * 4).to(
-                dtype
-            )
-        yield _Call(name, logprobs, [copy.copy(a) for a in arg], flat)
-
-
-def _answer(fn, call: _Call):
-    """What ``fn`` returns for ``call`` and what the release's chain (a host
-    copy and ``.tolist()`` per row) makes of each list; the id lists named by
-    the request whose object they are."""
-    try:
-        lists = fn(call.logprobs, call.arg, no_copy_to_cpu=True)
-    except Exception as exc:  # compared by type: the same failure, or none
-        return {"raised": type(exc).__name__}
-    lists = list(lists)
-    if call.name == spec_logprobs.TOKEN_IDS:
-        owners = {id(a): f"ids[{i}]" for i, a in enumerate(call.arg) if a}
-        lists[1] = [owners.get(id(a), a) for a in lists[1]]
-    chain = []
-    for rows in lists:
-        if call.name == spec_logprobs.TOKEN_IDS and rows is lists[1]:
-            continue
-        try:
-            host = spec_logprobs.rows_to_host(rows, _host)
-            chain.append(spec_logprobs.rows_tolist(host, _tolist))
-        except Exception as exc:
-            chain.append({"raised": type(exc).__name__})
-    return {"lists": lists, "chain": chain}
-
-
-def _verify_producer(original, replacement, answers: Answered, name: str) -> str | None:
-    return side_by_side(
-        original,
-        replacement,
-        _calls(name),
-        _answer,
-        answers,
-        flat=lambda call: call.flat,
-        where=lambda call: (
-            f"{name} on {call.arg}, {call.logprobs.shape[0]} rows, {call.logprobs.dtype}"
-        ),
-        compare=difference,
-    )
-
-
-_verified: dict[Callable, tuple[Callable | None, str | None]] = {}
-
-
-def producer(original: Callable, name: str) -> tuple[Callable | None, str | None]:
-    """flatgather's replacement of the release's ``original`` (``name``),
-    verified against it, or None and the first difference."""
-    if original not in _verified:
-        _verified[original] = _producer(original, name)
-    return _verified[original]
-
-
-def _producer(original: Callable, name: str) -> tuple[Callable | None, str | None]:
-    answers = Answered()
-    if name == spec_logprobs.TOP:
-        candidates = [(spec_logprobs.make_top_logprobs, ())]
-    else:
-        candidates = [(spec_logprobs.make_token_ids_logprobs, (walk,)) for walk in (True, False)]
-    problem = None
-    for make, args in candidates:
-        found = _verify_producer(original, make(original, *args, on_answer=answers), answers, name)
-        if found is None:
-            # The one that goes into service counts nothing.
-            return make(original, *args), None
-        problem = problem or found
-    return None, problem
-
-
-def _release_function(module, name: str):
-    """The release's own function ``name`` of ``module``, under flatgather's
-    replacement if one is there."""
-    fn = vars(module).get(name)
-    # Where flatgather's replacement is installed, the release's is under it.
-    while getattr(fn, "__flatgather__", None) is not None:
-        fn = fn.__wrapped__
-    return fn if isinstance(fn, types.FunctionType) else None
-
-
-def prepare_producers(module) -> Prepared:
-    """The replacements of the two functions in ``module``'s globals, each
-    verified against the release's own; never raises."""
-    patches, notes = [], []
-    for name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS):
-        original = _release_function(module, name)
-        if original is None:
-            continue
-        if vars(module)[name] is not original:
-            # The module imported the name from one flatgather had patched
-            # (0.5.10's worker, the sampler, imported after install()): it
-            # gets the release's own back first, so that this patch is
-            # checked against it and uninstall() restores it.
-            setattr(module, name, original)
-        where = f"{module.__name__}.{name}"
-        try:
-            replacement, problem = producer(original, name)
-        except Exception as exc:
-            replacement, problem = None, f"{type(exc).__name__}: {exc}"
-        if replacement is not None:
-            # Checked side by side on its cases; the code must also be code
-            # the test matrix runs (shapes.py).
-            try:
-                shapes.known(name, None, original)
-            except shapes.UnknownShape as exc:
-                replacement, problem = None, str(exc)
-        if replacement is None:
-            notes.append(f"{where} left stock: {problem}")
-        else:
-            patches.append(Patch(module, name, replacement))
-    return Prepared(patches=patches, applied=(PRODUCERS,) if patches else (), notes=tuple(notes))
-
 
 # The rewrite of the consumers.
 
@@ -660,7 +412,3 @@ def main() -> int:
     found = _copy_fingerprint(helper) if isinstance(helper, types.FunctionType) else "none"
     print(sglang_release(), found)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
