@@ -17,7 +17,8 @@ from _forward import make_processor
 from _sglang import ROW, assert_same, lp, oracle_context
 from flatgather.bench.batches import forward_metadata, make_forward_inputs, output_fields
 from flatgather.bench.counts import AtenOps, HostSyncs
-from flatgather.sglang import input_logprobs, input_logprobs_check
+from flatgather.sglang import input_logprobs
+from flatgather.sglang.input_logprobs import check as input_logprobs_check
 from hypothesis import given
 from hypothesis import strategies as st
 

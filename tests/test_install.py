@@ -19,7 +19,8 @@ from _sglang import (
     LogitsProcessor,
     lp,
 )
-from flatgather.sglang import draft_prefill, installer, probe, releases, shapes, spec_logprobs_check
+from flatgather.sglang import draft_prefill, installer, releases, shapes, spec_logprobs_check
+from flatgather.sglang.pruned_states import probe
 
 
 def current():

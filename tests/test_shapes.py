@@ -19,7 +19,8 @@ import flatgather.sglang as fs
 import pytest
 from _sglang import STOCK_PRUNED_STATES, LogitsProcessor
 from conftest import RELEASE
-from flatgather.sglang import probe, shapes
+from flatgather.sglang import shapes
+from flatgather.sglang.pruned_states import probe
 
 BRANCH = "if extend_len == extend_logprob_start_len:"
 

@@ -274,7 +274,7 @@ def _prefill_request(rng: random.Random):
 
 def _pruned_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
     import flatgather.sglang as fs
-    from flatgather.sglang import probe
+    from flatgather.sglang.pruned_states import probe
     from sglang.srt.layers import logits_processor as lp
 
     cls = lp.LogitsProcessor
@@ -597,12 +597,12 @@ def targets() -> list[Target]:
     from flatgather.sglang import (
         draft_prefill,
         input_logprobs,
-        input_logprobs_check,
         prefill_result,
         shapes,
         spec_logprobs,
         spec_logprobs_check,
     )
+    from flatgather.sglang.input_logprobs import check as input_logprobs_check
 
     _stand_ins()
     replaced_whole = []

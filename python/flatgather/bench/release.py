@@ -13,8 +13,9 @@ import torch
 
 from flatgather import testing
 from flatgather.bench.batches import metadata
-from flatgather.sglang import draft_prefill, input_logprobs_check
+from flatgather.sglang import draft_prefill
 from flatgather.sglang.input_logprobs import CHUNK, PREFILL
+from flatgather.sglang.input_logprobs import check as input_logprobs_check
 from flatgather.sglang.unpinned import first_run, within
 from flatgather.testing import install_sgl_kernel_stand_in
 

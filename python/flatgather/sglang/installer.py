@@ -2,7 +2,7 @@
 and the report.
 
 ``install()`` reads top to bottom: the running release is probed
-(:mod:`flatgather.sglang.probe`: its own ``_get_pruned_states`` against
+(:mod:`flatgather.sglang.pruned_states.probe`: its own ``_get_pruned_states`` against
 flatgather's on small CPU batches), then ``LogitsProcessor`` is patched with
 the contract the probe verified, and the V2 draft worker's prefill
 (:mod:`flatgather.sglang.draft_prefill`) is rewritten when
@@ -36,23 +36,23 @@ from flatgather import _import_hooks
 from flatgather.sglang import __all__ as __all__
 from flatgather.sglang import (
     draft_prefill,
-    input_logprobs_check,
     prefill_result,
-    probe,
     releases,
     shapes,
     spec_logprobs,
     spec_logprobs_check,
 )
+from flatgather.sglang.input_logprobs import check as input_logprobs_check
 from flatgather.sglang.patching import Patch, Prepared, apply_all, never_raises, revert_all
-from flatgather.sglang.probe import ProbeFailed, Verdict
 from flatgather.sglang.pruned_states import (
     Contract,
     LazyGate,
     make_forward,
     make_hidden_states_to_store,
     make_pruned_states,
+    probe,
 )
+from flatgather.sglang.pruned_states.probe import ProbeFailed, Verdict
 from flatgather.sglang.releases import sglang_release
 
 log = logging.getLogger("flatgather")

@@ -66,7 +66,7 @@ __all__ = [
 @dataclass(frozen=True)
 class Contract:
     """What the running release's ``_get_pruned_states`` returns in its
-    logprob branch, as :mod:`flatgather.sglang.probe` found it."""
+    logprob branch, as :mod:`flatgather.sglang.pruned_states.probe` found it."""
 
     trailing_token_to_seq: bool
     """``token_to_seq_idx`` ends with the last request's index once more
