@@ -404,11 +404,15 @@ def _prepare_consumers(module) -> Prepared:
 def main() -> int:
     """Print the running release's version and the fingerprint of its host
     copy helper, if it has one (for :data:`COPY_HELPERS`)."""
-    from flatgather.bench import spec_chain
     from flatgather.sglang.releases import sglang_release
+    from flatgather.testing import install_sgl_kernel_stand_in
 
-    # Imported as the tests import it (0.5.10's needs the sgl_kernel stand-in).
-    helper = vars(sys.modules[spec_chain.find().result_cls.__module__]).get("_async_d2h")
+    # Imported as the tests import it: 0.5.10's needs the sgl_kernel
+    # stand-in, which the logits processor must not see.
+    importlib.import_module("sglang.srt.layers.logits_processor")
+    install_sgl_kernel_stand_in()
+    utils = importlib.import_module(next(iter(CONSUMER_CLASSES)))
+    helper = vars(utils).get("_async_d2h")
     found = _copy_fingerprint(helper) if isinstance(helper, types.FunctionType) else "none"
     print(sglang_release(), found)
     return 0
