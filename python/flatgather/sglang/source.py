@@ -40,6 +40,7 @@ __all__ = [
     "module_tree",
     "parse_function",
     "parse_method",
+    "parse_undecorated_method",
 ]
 
 _FUTURE_MASK = 0
@@ -211,6 +212,16 @@ def parse_method(owner: type, name: str, decorated: bool = False) -> Method:
         raise SourceMismatch(f"{where} is wrapped, but its source has no decorator")
     _prove(_class_module(imports, owner.__name__, tree), function, where, filename)
     return Method(owner, name, function, tree, filename, imports)
+
+
+def parse_undecorated_method(owner: type, name: str) -> Method:
+    """:func:`parse_method`, for a patch that rebuilds the method from its
+    tree: the rebuilt function is not decorated again, so a method whose
+    source has decorators is refused (:class:`SourceMismatch`)."""
+    method = parse_method(owner, name)
+    if method.tree.decorator_list:
+        raise SourceMismatch(f"{owner.__qualname__}.{name} is decorated")
+    return method
 
 
 def parse_function(function: types.FunctionType) -> ast.FunctionDef:

@@ -142,11 +142,9 @@ def _prepare(module) -> DraftPatch:
     if not isinstance(owner, type):
         return DraftPatch.refused(f"{MODULE} has no class {OWNER}: nothing patched there")
     try:
-        method = source.parse_method(owner, METHOD)
+        method = source.parse_undecorated_method(owner, METHOD)
     except source.SourceMismatch as exc:
         return DraftPatch.refused(f"{WHERE} left stock: {exc}")
-    if method.tree.decorator_list:
-        return DraftPatch.refused(f"{WHERE} left stock: it is decorated")
     notes, applied, closure = [], [], {}
     names = draft_rewrite.Names.fresh(method)
     tree = copy.deepcopy(method.tree)

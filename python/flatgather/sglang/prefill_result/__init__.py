@@ -191,11 +191,9 @@ def _prepare(module) -> Prepared:
     if isinstance(verdict, str):
         return Prepared.refused(f"{where} left stock: {verdict}")
     try:
-        method = source.parse_method(owner, METHOD)
+        method = source.parse_undecorated_method(owner, METHOD)
     except source.SourceMismatch as exc:
         return Prepared.refused(f"{where} left stock (SGLang issue #36938 unfixed): {exc}")
-    if method.tree.decorator_list:
-        return Prepared.refused(f"{where} left stock: it is decorated")
     tree = copy.deepcopy(method.tree)
     shape = _find_shape(owner, tree)
     if isinstance(shape, str):
