@@ -206,7 +206,7 @@ COPY_HELPERS: dict[str, tuple[str, ...]] = {
         "0.5.20",
     ),
     "bbd1a2aa5314e9c3": ("0.5.21", "0.5.22"),
-    "233c76c22e1d526f": ("0.5.23",),
+    "a228f14f049024fc": ("0.5.23",),
 }
 """The per-tensor host copies flatgather knows (``_async_d2h`` of
 ``managers/utils`` from 0.5.15, ``utils.common.async_d2h`` imported under
