@@ -24,7 +24,8 @@ KINDS = frozenset(
         "bad_shape",
         "token_id_out_of_range",
         "left_to_release",
-        # From the Python boundary.
+        # From the Python boundary ("bad_buffer" from the core too: gathered
+        # values that are not the plan's count).
         "bad_container",
         "bad_argument",
         "bad_buffer",
