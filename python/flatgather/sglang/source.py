@@ -127,11 +127,14 @@ def _lines(filename: str, module_globals) -> list[str]:
     return linecache.getlines(filename, module_globals)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=16)
 def _parse(text: str, filename: str) -> ast.Module:
     """Parsed once per text: several methods of one file (a method and its
     helpers) share a parse. Callers never change the tree they get (they
-    rewrite a deep copy)."""
+    rewrite a deep copy). Room for every file one install reads (up to ten:
+    the logits and logprob processors, the worker, the scheduler's result
+    processor, the batch result's module, the copy helper's, ...): with four,
+    a second install re-parsed the largest of them."""
     return ast.parse(text, filename)
 
 
