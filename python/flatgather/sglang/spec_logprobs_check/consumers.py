@@ -405,7 +405,7 @@ def main() -> int:
     """Print the running release's version and the fingerprint of its host
     copy helper, if it has one (for :data:`COPY_HELPERS`)."""
     from flatgather.sglang.releases import sglang_release
-    from flatgather.testing import install_sgl_kernel_stand_in
+    from flatgather.testing.standins import install_sgl_kernel_stand_in
 
     # Imported as the tests import it: 0.5.10's needs the sgl_kernel
     # stand-in, which the logits processor must not see.
