@@ -24,6 +24,7 @@ from unittest import mock
 import flatgather.sglang
 import pytest
 import torch
+from _modules import module_from_tree
 from _sglang import DRAFT_NO_LOGPROB, ROW
 from flatgather.bench import draft_harness
 from flatgather.bench.draft_harness import make_inputs
@@ -422,12 +423,7 @@ def module_with(edit, tmp_path: Path):
     edit(method)
     cls.body, cls.bases, cls.keywords = [method], [], []
     name = f"flatgather_test_worker_{edit.__name__.strip('_')}"
-    file = tmp_path / f"{name}.py"
-    file.write_text(ast.unparse(ast.fix_missing_locations(ast.Module([*imports, cls], []))))
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_from_tree(ast.Module([*imports, cls], []), tmp_path, name)
 
 
 def rotation_in(function) -> bool:

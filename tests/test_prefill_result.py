@@ -24,6 +24,7 @@ from unittest import mock
 
 import flatgather.sglang
 import pytest
+from _modules import module_from_tree
 from _sglang import ROW
 from flatgather.sglang import prefill_result, spec_logprobs_check
 from flatgather.sglang.patching import Prepared
@@ -38,17 +39,7 @@ from hypothesis import strategies as st
 install_sgl_kernel_stand_in()
 
 
-def _import_scheduler_module():
-    for name in prefill_result.MODULES:
-        try:
-            return importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-    raise ModuleNotFoundError(f"none of {prefill_result.MODULES}")
-
-
-MODULE = _import_scheduler_module()
+MODULE = prefill_result.release_module()
 OWNER = prefill_result.owner_of(MODULE)
 WHERE = f"{MODULE.__name__}.{OWNER.__name__}.{METHOD}"
 # The release's own method, taken before any test can patch it.
@@ -385,17 +376,7 @@ def module_with(edit, tmp_path: Path):
     (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == OWNER.__name__]
     (method,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == METHOD]
     edit(method)
-    name = f"flatgather_test_scheduler_{edit.__name__.strip('_')}"
-    file = tmp_path / f"{name}.py"
-    file.write_text(ast.unparse(ast.fix_missing_locations(tree)))
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[name]
-    return module
+    return module_from_tree(tree, tmp_path, f"flatgather_test_scheduler_{edit.__name__.strip('_')}")
 
 
 @pytest.mark.matrix

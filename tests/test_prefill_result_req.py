@@ -18,7 +18,6 @@ method reads of it.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
 
 import flatgather.sglang
@@ -42,18 +41,7 @@ from sglang.srt.managers.schedule_batch import Req  # noqa: E402
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
-
-def _scheduler_module():
-    for name in prefill_result.MODULES:
-        try:
-            return importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-    raise ModuleNotFoundError(f"none of {prefill_result.MODULES}")
-
-
-OWNER = prefill_result.owner_of(_scheduler_module())
+OWNER = prefill_result.owner_of(prefill_result.release_module())
 STOCK = vars(OWNER)[METHOD]  # the release's own, before any test patches it
 HARNESS = Harness(OWNER)
 VOCAB = 1 << 20

@@ -33,6 +33,7 @@ from flatgather._core import SpecLogprobsPlan
 from flatgather.bench import spec_chain as sc
 from flatgather.bench.counts import aten_ops, host_syncs
 from flatgather.sglang import installer, spec_logprobs, spec_logprobs_check
+from flatgather.sglang.prefill_result.harness import INERT
 from flatgather.sglang.spec_logprobs_check import difference
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -208,29 +209,6 @@ MIXIN = "sglang.srt.managers.scheduler_output_processor_mixin"
 _RESOLVE = ("_resolve_spec_overlap_tokens", "_resolve_spec_overlap_token_ids")
 
 
-class _Inert:
-    """A collaborator of the scheduler the logprob code does not touch (KV
-    pool, metrics, streaming): every attribute is itself, a call returns it,
-    it is false and empty."""
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return self
-
-    def __call__(self, *args, **kwargs):
-        return self
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __iter__(self):
-        return iter(())
-
-
-_INERT = _Inert()
-
-
 class _Scheduler:
     """``self`` of the mixin's ``process_batch_result_decode``: the
     attributes given, the release's own spec-v2 token resolver, any other
@@ -245,7 +223,7 @@ class _Scheduler:
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        return _INERT
+        return INERT
 
 
 _RECEIVED = tuple(
@@ -274,7 +252,7 @@ class _DecodeReq:
         self.spec_accepted_tokens = self.spec_accepted_drafts = self.spec_num_correct_drafts = 0
         self.return_hidden_states = self.require_reasoning = False
         self.grammar = self.multimodal_inputs = self.session = None
-        self.time_stats = _INERT
+        self.time_stats = INERT
 
     def finished(self) -> bool:
         return self._finished

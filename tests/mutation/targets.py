@@ -17,13 +17,13 @@ import importlib
 import importlib.util
 import itertools
 import random
-import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from _modules import module_from_tree
 
 _serial = itertools.count()
 
@@ -128,17 +128,7 @@ def module_with(target: Target, tree: ast.Module, mutated: ast.FunctionDef, wher
         else:
             cls = ast.ClassDef(target.owner, [], [], [mutated], [])
             new = ast.Module([*take, cls], [])
-    name = f"flatgather_mutant_{next(_serial)}"
-    file = where / f"{name}.py"
-    file.write_text(ast.unparse(ast.fix_missing_locations(new)))
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[name]
-    return module
+    return module_from_tree(new, where, f"flatgather_mutant_{next(_serial)}")
 
 
 def function_of(target: Target, module: types.ModuleType) -> types.FunctionType:
@@ -583,15 +573,6 @@ def _stand_ins() -> None:
     install_sgl_kernel_stand_in()
 
 
-def _prefill_module() -> str:
-    from flatgather.sglang import prefill_result
-
-    for name in prefill_result.MODULES:
-        if importlib.util.find_spec(name) is not None:
-            return name
-    raise ModuleNotFoundError(f"none of {prefill_result.MODULES}")
-
-
 def targets() -> list[Target]:
     """The patched functions of the running release that the suite mutates."""
     from flatgather.sglang import (
@@ -633,7 +614,7 @@ def targets() -> list[Target]:
             )
             for callee in _callees(fn)
         ]
-    prefill_module = _prefill_module()
+    prefill_module = prefill_result.release_module().__name__
     owner = prefill_result.owner_of(importlib.import_module(prefill_module))
     return [
         Target(

@@ -77,6 +77,7 @@ skipped up to 0.5.13 and drained from 0.5.14). The whole check takes about
 from __future__ import annotations
 
 import copy
+import importlib
 import types
 
 from flatgather.sglang import source
@@ -104,6 +105,7 @@ __all__ = [
     "compare_without_skipped",
     "owner_of",
     "prepare",
+    "release_module",
     "skip_advances",
 ]
 
@@ -152,6 +154,18 @@ def _verify(harness: Harness, ours, stock) -> str | None:
         if problem:
             return problem
     return None
+
+
+def release_module() -> types.ModuleType:
+    """The running release's module of :data:`MODULES` (imported): the one
+    that holds the method."""
+    for name in MODULES:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+    raise ModuleNotFoundError(f"none of {MODULES}")
 
 
 def owner_of(module) -> type | str:
