@@ -58,6 +58,9 @@ __all__ = ["KNOWN", "UnknownShape", "fingerprint", "known"]
 
 PRUNED_STATES = "LogitsProcessor._get_pruned_states"
 STORE = "LogitsProcessor._get_hidden_states_to_store"
+COPY_HELPER = "GenerationBatchResult._async_d2h"
+"""The host copy the output chain's ``copy_to_cpu`` applies to each row
+(0.5.15 on): flatgather calls it once on a flat tensor instead."""
 
 KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
     PRUNED_STATES: {
@@ -155,9 +158,23 @@ KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
         "4057f850e07f45c9": ("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20"),
         "369fba85bf118961": ("0.5.21", "0.5.22", "0.5.23"),
     },
+    COPY_HELPER: {
+        "2378479a2a26e13c": (
+            "0.5.15",
+            "0.5.15.post1",
+            "0.5.16",
+            "0.5.17",
+            "0.5.18",
+            "0.5.19",
+            "0.5.20",
+        ),
+        "bbd1a2aa5314e9c3": ("0.5.21", "0.5.22"),
+        "a228f14f049024fc": ("0.5.23",),
+    },
 }
-"""For each replaced function, its known fingerprints and the releases that
-have each (generated: see the module's docstring)."""
+"""For each replaced function (and the chain's host copy, accepted by its
+fingerprint), its known fingerprints and the releases that have each
+(generated: see the module's docstring)."""
 
 # Fields that say nothing about what the code does, or that one Python
 # version has and another lacks.
@@ -337,6 +354,20 @@ def release_functions() -> dict[str, types.FunctionType]:
     return out
 
 
+def release_copy_helper() -> types.FunctionType | None:
+    """The running release's per-row host copy of ``copy_to_cpu``, if it has
+    one (``managers/utils`` imported as the tests import it: 0.5.10's needs
+    the sgl_kernel stand-in, which the logits processor must not see)."""
+    import importlib
+
+    from flatgather.testing.standins import install_sgl_kernel_stand_in
+
+    importlib.import_module("sglang.srt.layers.logits_processor")
+    install_sgl_kernel_stand_in()
+    helper = vars(importlib.import_module("sglang.srt.managers.utils")).get("_async_d2h")
+    return helper if isinstance(helper, types.FunctionType) else None
+
+
 def main() -> int:
     """Print the running release's version and fingerprints (for the table)."""
     from sglang.srt.layers import logits_processor
@@ -350,6 +381,9 @@ def main() -> int:
     }
     for name, fn in release_functions().items():
         found[name] = fingerprint(None, fn)
+    helper = release_copy_helper()
+    if helper is not None:
+        found[COPY_HELPER] = fingerprint(None, helper)
     print(sglang_release(), " ".join(f"{k}={v}" for k, v in found.items()))
     return 0
 

@@ -195,27 +195,14 @@ def rewrite(tree: ast.FunctionDef) -> Rewrite | str | None:
     return Rewrite(work, elts)
 
 
-COPY_HELPERS: dict[str, tuple[str, ...]] = {
-    "2378479a2a26e13c": (
-        "0.5.15",
-        "0.5.15.post1",
-        "0.5.16",
-        "0.5.17",
-        "0.5.18",
-        "0.5.19",
-        "0.5.20",
-    ),
-    "bbd1a2aa5314e9c3": ("0.5.21", "0.5.22"),
-    "a228f14f049024fc": ("0.5.23",),
-}
+COPY_HELPERS = shapes.KNOWN[shapes.COPY_HELPER]
 """The per-tensor host copies flatgather knows (``_async_d2h`` of
 ``managers/utils`` from 0.5.15, ``utils.common.async_d2h`` imported under
-that name from 0.5.21), by :func:`flatgather.sglang.shapes.fingerprint`, and
-the releases that have each. Each takes one tensor and returns its host copy
-(on a GPU: a fresh pinned tensor, one non-blocking copy, ``record_stream`` on
-the source), so one call on the flat tensor is the rows' calls at once.
-Regenerate with ``python -m flatgather.sglang.spec_logprobs_check`` under
-each release."""
+that name from 0.5.21), by fingerprint, and the releases that have each: one
+table with the other fingerprints, regenerated with them (``shapes.py``).
+Each takes one tensor and returns its host copy (on a GPU: a fresh pinned
+tensor, one non-blocking copy, ``record_stream`` on the source), so one call
+on the flat tensor is the rows' calls at once."""
 
 _copy_fingerprints: dict[types.FunctionType, str] = {}
 
@@ -399,20 +386,3 @@ def _prepare_consumers(module) -> Prepared:
         built.__flatgather_original__ = shipped
         patches.append(Patch(owner, name, built))
     return Prepared(patches=patches, applied=(CONSUMERS,) if patches else (), notes=tuple(notes))
-
-
-def main() -> int:
-    """Print the running release's version and the fingerprint of its host
-    copy helper, if it has one (for :data:`COPY_HELPERS`)."""
-    from flatgather.sglang.releases import sglang_release
-    from flatgather.testing.standins import install_sgl_kernel_stand_in
-
-    # Imported as the tests import it: 0.5.10's needs the sgl_kernel
-    # stand-in, which the logits processor must not see.
-    importlib.import_module("sglang.srt.layers.logits_processor")
-    install_sgl_kernel_stand_in()
-    utils = importlib.import_module(next(iter(CONSUMER_CLASSES)))
-    helper = vars(utils).get("_async_d2h")
-    found = _copy_fingerprint(helper) if isinstance(helper, types.FunctionType) else "none"
-    print(sglang_release(), found)
-    return 0
