@@ -36,8 +36,10 @@ CHILD = textwrap.dedent(
     import importlib, json, statistics, sys, time
     runs = int(sys.argv[1])
     import flatgather.sglang as fs
-    from flatgather.sglang import draft_prefill, installer, prefill_result, releases
-    from flatgather.sglang import spec_logprobs, spec_logprobs_check as chain
+    from flatgather.sglang import installer, releases
+    from flatgather.sglang.patches import draft_prefill, prefill_result
+    from flatgather.sglang.patches import output_logprobs as chain
+    from flatgather.sglang.patches.output_logprobs import flat_logprobs
     from flatgather.testing import install_sgl_kernel_stand_in
     import sglang.srt.layers.logits_processor  # noqa: F401  (imported before timing)
     install_sgl_kernel_stand_in()
@@ -48,7 +50,7 @@ CHILD = textwrap.dedent(
         except ImportError:
             pass
     started = time.perf_counter()
-    draft = draft_prefill.prepare(worker)  # on the release's own method
+    draft = draft_prefill.PATCH.prepare(worker)  # on the release's own method
     prepare_s = time.perf_counter() - started
     seconds, installs, report = [], [], None
     for _ in range(runs):
@@ -57,8 +59,8 @@ CHILD = textwrap.dedent(
         report = fs.install()  # the modules are imported: every patch applies now
         installs.append(time.perf_counter() - started)
         seconds.append(report.probe_seconds)
-    patches = installer._state.patches
-    chain_names = (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS)
+    patches = installer._state.swaps
+    chain_names = (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS)
     token_ids = [
         p for p in patches
         if p.name.startswith("get_token_ids_logprobs") and p.name not in chain_names
@@ -85,7 +87,7 @@ CHILD = textwrap.dedent(
             for p in token_ids
         ],
         "skip_fix": prefill_result.FIX in report.backports,
-        "cases": installer._state.verdict.cases,
+        "cases": installer._state.about("pruned-states").probed.verdict.cases,
         "chain_producers": producers,
         "chain_consumers": consumers,
         "probe_ms_median": statistics.median(seconds[1:] or seconds) * 1e3,

@@ -25,11 +25,11 @@ def main() -> int:
 
     torch.set_num_threads(1)
     import sglang.srt.layers.logits_processor  # noqa: F401  (before the stand-in)
-    from flatgather.sglang import draft_prefill as dp
     from flatgather.sglang import source
-    from flatgather.sglang.draft_prefill import check as draft_check
-    from flatgather.sglang.draft_prefill import match as draft_match
-    from flatgather.sglang.draft_prefill import rewrite as draft_rewrite
+    from flatgather.sglang.patches import draft_prefill as dp
+    from flatgather.sglang.patches.draft_prefill import check as draft_check
+    from flatgather.sglang.patches.draft_prefill import match as draft_match
+    from flatgather.sglang.patches.draft_prefill import rewrite as draft_rewrite
     from flatgather.testing import install_sgl_kernel_stand_in
 
     install_sgl_kernel_stand_in()

@@ -142,7 +142,7 @@ def test_arming_twice_activates_once(tmp_path):
 def test_a_release_the_probe_refuses_warns_and_is_left_stock(tmp_path):
     code = textwrap.dedent(
         """
-        from flatgather.sglang.pruned_states import probe
+        from flatgather.sglang.patches.pruned_states import probe
         def refuse(module):
             raise probe.ProbeFailed("sample_indices: expected [3], got [4] (simulated)")
         probe.run = refuse

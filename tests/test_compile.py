@@ -52,13 +52,13 @@ def test_fullgraph_compile_of_the_patched_decode_forward(capture, aux):
 
 def test_compiled_code_never_builds_a_plan(monkeypatch):
     """Even in the logprob branch, compiled code runs the release's code."""
-    from flatgather.sglang import pruned_states
+    from flatgather.sglang.patches.pruned_states import gather
 
     def refuse(*args, **kwargs):
         raise AssertionError("a plan was built under torch.compile")
 
     flatgather.sglang.install()
-    monkeypatch.setattr(pruned_states, "PrunePlan", refuse)
+    monkeypatch.setattr(gather, "PrunePlan", refuse)
     extend, start = [3, 2], [0, 1]
     md = metadata(extend, start)
     from _sglang import LogitsProcessor

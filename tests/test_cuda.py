@@ -147,7 +147,7 @@ def test_spec_logprob_chain_on_cuda_reads_host_copies_only_after_their_event():
     record_stream, the staging buffers of the token ids reused step after
     step) against the release's own, run the same way."""
     from flatgather.bench import spec_chain as sc
-    from flatgather.sglang.spec_logprobs_check import difference
+    from flatgather.sglang.patches.output_logprobs import difference
 
     chain = sc.find()
     raw = sc._raw_function(chain.spec.__globals__["get_token_ids_logprobs"])

@@ -28,8 +28,8 @@ from _modules import module_from_tree
 from _sglang import DRAFT_NO_LOGPROB, ROW
 from flatgather.bench import draft_harness
 from flatgather.bench.draft_harness import make_inputs
-from flatgather.sglang import draft_prefill
-from flatgather.sglang.draft_prefill import match as draft_match
+from flatgather.sglang.patches import draft_prefill
+from flatgather.sglang.patches.draft_prefill import match as draft_match
 from flatgather.sglang.releases import IN_PLACE, NEW_TENSOR_MM
 from flatgather.testing import install_sgl_kernel_stand_in
 from hypothesis import given, settings
@@ -433,7 +433,7 @@ def rotation_in(function) -> bool:
 @pytest.mark.matrix
 def test_a_faithful_copy_of_the_method_is_rewritten(tmp_path):
     """The control for the refusals below: the same module builder, no edit."""
-    result = draft_prefill.prepare(module_with(_unchanged, tmp_path))
+    result = draft_prefill.PATCH.prepare(module_with(_unchanged, tmp_path))
     assert draft_prefill.ROTATION in result.applied, result.notes
     assert result.notes == ()
 
@@ -449,13 +449,13 @@ def test_a_faithful_copy_of_the_method_is_rewritten(tmp_path):
 def test_a_loop_not_in_the_expected_shape_is_left_stock(edit, why, tmp_path):
     module = module_with(edit, tmp_path)
     original = vars(getattr(module, OWNER))[METHOD]
-    result = draft_prefill.prepare(module)
+    result = draft_prefill.PATCH.prepare(module)
     assert draft_prefill.ROTATION not in result.applied
     (note,) = [n for n in result.notes if "rotation loop left stock" in n]
     assert why in note, note
     # The backport is independent of the loop.
     assert (draft_prefill.BACKPORT in result.applied) == (not DRAFT_NO_LOGPROB)
-    for patch in result.patches:
+    for patch in result.swaps:
         assert not rotation_in(patch.new)
     assert vars(getattr(module, OWNER))[METHOD] is original  # prepare patches nothing
 
@@ -471,8 +471,8 @@ def test_a_source_file_edited_after_import_is_left_stock(tmp_path):
     cls = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == OWNER][-1]
     _change_a_constant(cls.body[0])
     path.write_text(ast.unparse(tree) + "\n# edited after import\n")
-    result = draft_prefill.prepare(module)
-    assert result.patches == [] and result.applied == ()
+    result = draft_prefill.PATCH.prepare(module)
+    assert result.swaps == [] and result.applied == ()
     (note,) = result.notes
     assert "does not compile to the code that runs" in note, note
 
@@ -490,7 +490,7 @@ def test_imports_inside_other_functions_do_not_disturb_the_check(tmp_path):
     spec = importlib.util.spec_from_file_location(module.__name__ + "_helper", path)
     edited = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(edited)
-    result = draft_prefill.prepare(edited)
+    result = draft_prefill.PATCH.prepare(edited)
     assert draft_prefill.ROTATION in result.applied, result.notes
 
 
@@ -505,24 +505,24 @@ def test_a_gather_that_differs_from_the_release_is_caught_before_patching():
         return end
 
     with mock.patch.object(draft_prefill, "rotate", off_by_one):
-        result = draft_prefill.prepare(worker)
+        result = draft_prefill.PATCH.prepare(worker)
     assert draft_prefill.ROTATION not in result.applied
     (note,) = result.notes
     assert "checked against the release's own loop" in note, note
     assert "locals.batch.input_ids.values" in note, note
-    for patch in result.patches:
+    for patch in result.swaps:
         assert not rotation_in(patch.new)
 
 
 @pytest.mark.matrix
 def test_prepare_never_raises():
     broken = type(worker)("flatgather_test_broken")
-    assert draft_prefill.prepare(broken).notes == (
+    assert draft_prefill.PATCH.prepare(broken).notes == (
         f"{draft_prefill.MODULE} has no class {OWNER}: nothing patched there",
     )
     with mock.patch.object(draft_match, "find_loop", side_effect=RuntimeError("boom")):
-        result = draft_prefill.prepare(worker)
-    assert result.patches == []
+        result = draft_prefill.PATCH.prepare(worker)
+    assert result.swaps == []
     assert result.notes == (f"{draft_prefill.WHERE} left stock: RuntimeError: boom",)
 
 

@@ -327,7 +327,7 @@ def test_gil_is_released_while_a_large_plan_is_written():
 def test_failed_install_leaves_sglang_exactly_as_it_was(monkeypatch):
     raw_before = dict(vars(LogitsProcessor))
     applied = []
-    real_apply = patching.Patch.apply
+    real_apply = patching.Swap.apply
 
     def apply_then_fail(self):
         if len(applied) == 2:
@@ -335,7 +335,7 @@ def test_failed_install_leaves_sglang_exactly_as_it_was(monkeypatch):
         real_apply(self)
         applied.append(self.name)
 
-    monkeypatch.setattr(patching.Patch, "apply", apply_then_fail)
+    monkeypatch.setattr(patching.Swap, "apply", apply_then_fail)
     with pytest.raises(RuntimeError, match="midway"):
         fs.install()
     assert len(applied) == 2  # two patches went in before the failure ...

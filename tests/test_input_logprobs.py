@@ -17,8 +17,7 @@ from _forward import make_processor
 from _sglang import ROW, assert_same, lp, oracle_context
 from flatgather.bench.batches import forward_metadata, make_forward_inputs, output_fields
 from flatgather.bench.counts import AtenOps, HostSyncs
-from flatgather.sglang import input_logprobs
-from flatgather.sglang.input_logprobs import check as input_logprobs_check
+from flatgather.sglang.patches import input_logprobs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -218,5 +217,5 @@ def test_ops_and_tolist_calls_do_not_grow_with_the_batch():
 def test_the_check_sees_the_gather_answer():
     """The cases the install-time check runs must reach the gather, or the
     check proves nothing."""
-    flat = input_logprobs_check.prepare([CHUNK_MODULE])
-    assert flat.patches and not flat.notes
+    flat = input_logprobs.PATCH.prepare(CHUNK_MODULE)
+    assert flat.swaps and not flat.notes

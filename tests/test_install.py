@@ -19,8 +19,9 @@ from _sglang import (
     LogitsProcessor,
     lp,
 )
-from flatgather.sglang import draft_prefill, installer, releases, shapes, spec_logprobs_check
-from flatgather.sglang.pruned_states import probe
+from flatgather.sglang import installer, releases, shapes
+from flatgather.sglang.patches import draft_prefill, output_logprobs
+from flatgather.sglang.patches.pruned_states import probe
 
 
 def current():
@@ -71,7 +72,7 @@ def test_install_reports_what_it_verified_and_applied():
     chain = (
         "get_top_logprobs",
         "get_token_ids_logprobs",
-        *spec_logprobs_check.CONSUMER_CLASSES.values(),
+        *output_logprobs.CONSUMER_CLASSES.values(),
     )
     assert all(
         where.endswith((f".{draft_prefill.METHOD}", ".process_batch_result_prefill"))

@@ -196,7 +196,7 @@ def test_only_a_forward_that_can_be_lazy_takes_the_gate(monkeypatch, sglang_padd
     from flatgather.sglang import installer
 
     flatgather.sglang.install()
-    gate = installer._state.gate
+    gate = installer._state.about("pruned-states").gate
     entered = []
     monkeypatch.setattr(gate, "enter", lambda: entered.append(1) or False)
     cases = {

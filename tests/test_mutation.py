@@ -102,7 +102,7 @@ def test_a_middle_chunk_that_does_not_advance_the_cursor_is_refused(tmp_path, mo
     request cannot then give the requests after it what they get without
     it; the check's case of a middle chunk before a skipped request
     refuses it. Without that case it was patched and silently different."""
-    from flatgather.sglang import prefill_result
+    from flatgather.sglang.patches import prefill_result
 
     target = next(t for t in TARGETS.values() if t.function == prefill_result.METHOD)
 
@@ -169,7 +169,8 @@ def test_the_chain_oracle_sees_a_stage_that_moves_rows(tmp_path, monkeypatch):
     """The chain's oracle can fail: flatgather's host copy with its rows
     rotated (for four rows or more) and the install-time check switched
     off, on the release's own copy_to_cpu, is silently different."""
-    from flatgather.sglang import spec_logprobs, spec_logprobs_check
+    from flatgather.sglang.patches import output_logprobs
+    from flatgather.sglang.patches.output_logprobs import flat_logprobs
 
     target = TARGETS["GenerationBatchResult.copy_to_cpu"]
     _, tree, node = targets.release_tree(target)
@@ -177,11 +178,11 @@ def test_the_chain_oracle_sees_a_stage_that_moves_rows(tmp_path, monkeypatch):
     assert judge(target, control, tree, node, tmp_path, 20, 0).verdict == "patched and exact"
 
     def rotated(rows, elt):
-        out = spec_logprobs.rows_to_host(rows, elt)
+        out = flat_logprobs.rows_to_host(rows, elt)
         return out[1:] + out[:1] if len(out) > 3 else out
 
-    consumers = spec_logprobs_check.consumers
-    helpers = {**consumers._HELPERS, spec_logprobs_check.TO_HOST: rotated}
+    consumers = output_logprobs.consumers
+    helpers = {**consumers._HELPERS, output_logprobs.TO_HOST: rotated}
     monkeypatch.setattr(consumers, "_HELPERS", helpers)
     monkeypatch.setattr(consumers, "_verify_chain", lambda *args: None)
     record = judge(target, control, tree, node, tmp_path, 20, 0)

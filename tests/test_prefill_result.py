@@ -1,6 +1,6 @@
 """The scheduler's prefill results (SGLang issue #36938):
 ``process_batch_result_prefill`` of the release under test, driven on
-stand-in batches (:class:`flatgather.sglang.prefill_result.Harness`).
+stand-in batches (:class:`flatgather.sglang.patches.prefill_result.Harness`).
 
 The oracle is always the release's own method: once installed, every request
 gets exactly what the release's method gives it in the same batch without the
@@ -26,9 +26,9 @@ import flatgather.sglang
 import pytest
 from _modules import module_from_tree
 from _sglang import ROW
-from flatgather.sglang import prefill_result, spec_logprobs_check
+from flatgather.sglang.patches import output_logprobs, prefill_result
+from flatgather.sglang.patches.prefill_result import FIX, METHOD, Harness, Request
 from flatgather.sglang.patching import Prepared
-from flatgather.sglang.prefill_result import FIX, METHOD, Harness, Request
 from flatgather.testing import install_sgl_kernel_stand_in
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -296,7 +296,7 @@ def test_patched_when_the_scheduler_module_is_imported_after_install():
         f"""
         import importlib, sys
         import flatgather.sglang as fs
-        from flatgather.sglang import prefill_result as pr
+        from flatgather.sglang.patches import prefill_result as pr
         from flatgather.testing import install_sgl_kernel_stand_in
 
         report = fs.install()
@@ -382,7 +382,7 @@ def module_with(edit, tmp_path: Path):
 @pytest.mark.matrix
 def test_a_faithful_copy_of_the_method_is_rewritten(tmp_path):
     """The control for the refusals below: the same module builder, no edit."""
-    result = prefill_result.prepare(module_with(_unchanged, tmp_path))
+    result = prefill_result.PATCH.prepare(module_with(_unchanged, tmp_path))
     assert result.applied == (() if FIXED_BY_RELEASE else (FIX,)), result.notes
     assert result.notes == ()
 
@@ -393,7 +393,7 @@ def test_a_release_that_advances_the_cursor_is_left_alone(tmp_path, monkeypatch)
     owner = prefill_result.owner_of(module)
     fixed = vars(owner)[METHOD]
     assert prefill_result.skip_advances(Harness(owner, module), fixed) is True
-    assert prefill_result.prepare(module) == Prepared()
+    assert prefill_result.PATCH.prepare(module) == Prepared()
     # The same method in the release's own class: told by its behaviour.
     monkeypatch.setattr(OWNER, METHOD, fixed)
     # Without the output-logprob chain, which would rebuild this method for
@@ -416,8 +416,8 @@ def test_a_method_not_in_the_expected_shape_is_left_stock(edit, why, tmp_path):
     module = module_with(edit, tmp_path)
     owner = prefill_result.owner_of(module)
     original = vars(owner)[METHOD]
-    result = prefill_result.prepare(module)
-    assert result.patches == [] and result.applied == ()
+    result = prefill_result.PATCH.prepare(module)
+    assert result.swaps == [] and result.applied == ()
     if FIXED_BY_RELEASE:
         assert result.notes == ()
         return
@@ -435,8 +435,8 @@ def test_a_source_file_edited_after_import_is_left_stock(tmp_path):
     (method,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == METHOD]
     _more_than_continue(method)
     path.write_text(ast.unparse(tree) + "\n# edited after import\n")
-    result = prefill_result.prepare(module)
-    assert result.patches == [] and result.applied == ()
+    result = prefill_result.PATCH.prepare(module)
+    assert result.swaps == [] and result.applied == ()
     if not FIXED_BY_RELEASE:
         (note,) = result.notes
         assert "does not compile to the code that runs" in note, note
@@ -453,8 +453,8 @@ def test_a_rewrite_that_differs_from_the_release_is_caught_before_patching():
         step.value = ast.BinOp(step.value, ast.Sub(), ast.Constant(1))
 
     with mock.patch.object(prefill_result, "_rewrite", one_short):
-        result = prefill_result.prepare(MODULE)
-    assert result.patches == []
+        result = prefill_result.PATCH.prepare(MODULE)
+    assert result.swaps == []
     if not FIXED_BY_RELEASE:
         (note,) = result.notes
         assert "checked against the release's own method" in note, note
@@ -464,13 +464,17 @@ def test_a_rewrite_that_differs_from_the_release_is_caught_before_patching():
 @pytest.mark.matrix
 def test_prepare_never_raises():
     empty = type(MODULE)("flatgather_test_empty")
-    assert prefill_result.prepare(empty).notes == (
+    assert prefill_result.PATCH.prepare(empty).notes == (
         f"flatgather_test_empty defines {METHOD} in 0 classes, not one",
     )
     with mock.patch.object(prefill_result, "skip_advances", side_effect=RuntimeError("boom")):
-        result = prefill_result.prepare(MODULE)
-    assert result.patches == []
-    assert result.notes == (f"{MODULE.__name__}.{METHOD} left stock: RuntimeError: boom",)
+        result = prefill_result.PATCH.prepare(MODULE)
+    assert result.swaps == []
+    owner = prefill_result.owner_of(MODULE)
+    assert result.notes == (
+        f"{owner.__qualname__}.{METHOD} left stock (SGLang issue #36938 unfixed): "
+        "RuntimeError: boom",
+    )
 
 
 @pytest.mark.matrix
@@ -478,11 +482,11 @@ def test_the_fix_and_the_logprob_chain_share_one_method():
     """Up to 0.5.12 the output-logprob chain has loops in the method #36938
     fixes: the chain rebuilds it from the fix's tree, so the one method is
     both flat and fixed; uninstall restores the release's function."""
-    if METHOD not in spec_logprobs_check.methods_with_loops(OWNER):
+    if METHOD not in output_logprobs.methods_with_loops(OWNER):
         pytest.skip("the chain has no loop in this release's method")
     report = flatgather.sglang.install()
     build = getattr(current(), "__flatgather_build__", None)
-    assert build is not None and spec_logprobs_check.TOLIST in build.closure, report.notes
+    assert build is not None and output_logprobs.TOLIST in build.closure, report.notes
     assert (FIX in report.backports) is not FIXED_BY_RELEASE
     assert build.method.function is STOCK
     specs = [Request(3, 0, top=2, token_ids=True), Request(2, 0, skipped="retracted")]

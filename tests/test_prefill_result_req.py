@@ -5,7 +5,7 @@ objects, one of them retracted by the release's own
 ``Req.reset_for_retract()``.
 
 ``tests/test_prefill_result.py`` drives the method with stand-in requests
-(:class:`flatgather.sglang.prefill_result.Harness`), which hold what the
+(:class:`flatgather.sglang.patches.prefill_result.Harness`), which hold what the
 logprob code reads and nothing else. Here every request is the release's:
 its constructor, its logprob state (on the request up to 0.5.12, on
 ``req.logprob`` from 0.5.13), its ``check_finished``, its retraction. The
@@ -25,9 +25,9 @@ import pytest
 import torch
 from _sglang import ROW
 from flatgather.bench.batches import publish_server_args
-from flatgather.sglang import prefill_result
 from flatgather.sglang.compare import first_difference
-from flatgather.sglang.prefill_result import FIX, METHOD, Harness
+from flatgather.sglang.patches import prefill_result
+from flatgather.sglang.patches.prefill_result import FIX, METHOD, Harness
 from flatgather.testing import install_sgl_kernel_stand_in
 
 # The mixin of 0.5.10 to 0.5.12 imports modules that need sgl_kernel; the

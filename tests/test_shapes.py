@@ -20,7 +20,7 @@ import pytest
 from _sglang import STOCK_PRUNED_STATES, LogitsProcessor
 from conftest import RELEASE
 from flatgather.sglang import shapes
-from flatgather.sglang.pruned_states import probe
+from flatgather.sglang.patches.pruned_states import probe
 
 BRANCH = "if extend_len == extend_logprob_start_len:"
 

@@ -1,5 +1,5 @@
 """The output-logprob chain of decode and speculative verify steps
-(flatgather.sglang.spec_logprobs): flat, and bit-exact with the release.
+(flatgather.sglang.patches.output_logprobs.flat_logprobs): flat, and bit-exact with the release.
 
 The oracle is always the release's own chain, its stage objects taken
 before any install (flatgather.bench.spec_chain): its spec logprob
@@ -32,9 +32,10 @@ from flatgather import PlanError, testing
 from flatgather._core import SpecLogprobsPlan
 from flatgather.bench import spec_chain as sc
 from flatgather.bench.counts import aten_ops, host_syncs
-from flatgather.sglang import installer, spec_logprobs, spec_logprobs_check
-from flatgather.sglang.prefill_result.harness import INERT
-from flatgather.sglang.spec_logprobs_check import difference
+from flatgather.sglang import installer
+from flatgather.sglang.patches import output_logprobs
+from flatgather.sglang.patches.output_logprobs import difference, flat_logprobs
+from flatgather.sglang.patches.prefill_result.harness import INERT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -125,9 +126,9 @@ def test_the_mixin_methods_are_rewritten_before_0_5_13():
         pytest.skip("the release has SchedulerBatchResultProcessor")
     import sglang.srt.managers.scheduler_output_processor_mixin as mixin
 
-    prepared = spec_logprobs_check.prepare_consumers(mixin)
+    prepared = output_logprobs.CHAIN.prepare(mixin)
     assert not prepared.notes, prepared.notes
-    assert {p.name for p in prepared.patches} == {
+    assert {p.name for p in prepared.swaps} == {
         "process_batch_result_prefill",
         "process_batch_result_decode",
     }
@@ -161,7 +162,7 @@ def test_the_chain_is_the_release_s_on_named_cases(name, copy, dtype):
     mixed_none = None in ids and any(i is not None for i in ids)
     if "raised" in out:  # the release's own failure (see NONE_AS_TENSOR)
         assert not NONE_AS_TENSOR and mixed_none
-    if B * case["A"] >= spec_logprobs.MIN_ROWS and (NONE_AS_TENSOR or not mixed_none):
+    if B * case["A"] >= flat_logprobs.MIN_ROWS and (NONE_AS_TENSOR or not mixed_none):
         # Flat: a .tolist() per list, not per row (ids, logprobs, and at most
         # top val, top idx, token-id val).
         assert fg_syncs(step, copy) <= 5
@@ -305,7 +306,7 @@ def _decode_result(method, step, stock: bool, spec: bool, skipped: dict) -> dict
             server_args=types.SimpleNamespace(disaggregation_decode_enable_offload_kvcache=False),
             model_config=types.SimpleNamespace(think_end_id=None),
         )
-        flat = spec_logprobs.registered(lo.next_token_top_logprobs_val)
+        flat = flat_logprobs.registered(lo.next_token_top_logprobs_val)
         with torch.inference_mode():
             method(scheduler, batch, result)
     except Exception as exc:  # the same failure, or none
@@ -362,7 +363,7 @@ def test_the_rewritten_decode_method_gives_each_request_the_release_s(name, dtyp
     expected = {spec: _decode_result(stock, steps[spec], True, spec, skipped) for spec in modes}
     fs.install()
     method = vars(owner)["process_batch_result_decode"]
-    assert getattr(method, "__flatgather__", None) == spec_logprobs_check.CONSUMERS
+    assert getattr(method, "__flatgather__", None) == output_logprobs.CONSUMERS
     for spec in modes:
         actual = _decode_result(method, steps[spec], False, spec, skipped)
         mode = "spec v2" if spec else "plain decode"
@@ -374,7 +375,7 @@ def test_the_rewritten_decode_method_gives_each_request_the_release_s(name, dtyp
         found = difference(actual, expected[spec], mode)
         assert found is None, found
         # flatgather's stage 3 got its lists flat (a batch of one row is the release's).
-        assert flat == (B * A >= spec_logprobs.MIN_ROWS and any(case["top"]))
+        assert flat == (B * A >= flat_logprobs.MIN_ROWS and any(case["top"]))
         got = actual["requests"]
         for i in skipped:  # skipped: nothing appended
             assert not any(got[i].values()), (mode, i, got[i])
@@ -416,11 +417,11 @@ def test_ops_copies_and_tolist_calls_per_step_do_not_grow_with_the_batch():
 
 
 def _stage(patch) -> str | None:
-    if patch.name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS):
+    if patch.name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
         return "producers"
     if patch.name == "copy_to_cpu":
         return "copy"
-    if getattr(patch.new, "__flatgather__", None) == spec_logprobs_check.CONSUMERS:
+    if getattr(patch.new, "__flatgather__", None) == output_logprobs.CONSUMERS:
         return "consumers"
     return None
 
@@ -431,12 +432,12 @@ def _only(*stages: str) -> None:
     fs.install()
     state = installer._state
     keep = []
-    for patch in state.patches:
+    for patch in state.swaps:
         if _stage(patch) in (None, *stages):
             keep.append(patch)
         else:
             patch.revert()
-    state.patches[:] = keep
+    state.swaps[:] = keep
 
 
 @pytest.mark.matrix
@@ -459,7 +460,7 @@ def test_an_uninstall_between_the_stages_gives_the_release_s_answer():
     fs.install()
     one, two, three, state = sc.stages(CHAIN, step)
     one()
-    assert spec_logprobs.registered(state["result"].logits_output.next_token_top_logprobs_val)
+    assert flat_logprobs.registered(state["result"].logits_output.next_token_top_logprobs_val)
     fs.uninstall()  # the release's copy and scheduler now see flatgather's lists
     two()
     three()
@@ -482,14 +483,14 @@ def test_compiled_code_and_small_calls_get_the_release_s_function(monkeypatch):
     top = module.get_top_logprobs
     logprobs = torch.randn(6, VOCAB).log_softmax(-1)
     vals, _ = top(logprobs, [2] * 6, no_copy_to_cpu=True)
-    assert spec_logprobs.registered(vals)
+    assert flat_logprobs.registered(vals)
     vals, _ = top(logprobs[:1], [2], no_copy_to_cpu=True)
-    assert not spec_logprobs.registered(vals)  # one row
+    assert not flat_logprobs.registered(vals)  # one row
     vals, _ = top(logprobs, [2] * 6)
     assert type(vals[0]) is list  # the copying path is the release's
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     vals, _ = top(logprobs, [2] * 6, no_copy_to_cpu=True)
-    assert not spec_logprobs.registered(vals)
+    assert not flat_logprobs.registered(vals)
 
 
 @pytest.mark.matrix
@@ -504,7 +505,7 @@ def test_a_module_that_imports_a_patched_producer_gets_the_release_s_back():
     late.get_top_logprobs = module.get_top_logprobs  # flatgather's, as imported now
     release = sc._raw_function(late.get_top_logprobs)
     assert late.get_top_logprobs is not release and defining
-    (patch,) = spec_logprobs_check.prepare_producers(late).patches
+    (patch,) = output_logprobs.PRODUCER.prepare(late).swaps
     assert vars(late)["get_top_logprobs"] is release
     patch.apply()
     assert patch.new.__wrapped__ is release
@@ -514,16 +515,16 @@ def test_a_module_that_imports_a_patched_producer_gets_the_release_s_back():
 
 def test_registered_lists_are_bounded_and_forgotten_at_uninstall():
     fs.install()
-    top = spec_logprobs.make_top_logprobs(lambda *a: None)
+    top = flat_logprobs.make_top_logprobs(lambda *a: None)
     logprobs = torch.randn(4, VOCAB)
-    lists = [top(logprobs, [1] * 4, True)[0] for _ in range(spec_logprobs._LIVE_MAX)]
-    assert not spec_logprobs.registered(lists[0]) and spec_logprobs.registered(lists[-1])
+    lists = [top(logprobs, [1] * 4, True)[0] for _ in range(flat_logprobs._LIVE_MAX)]
+    assert not flat_logprobs.registered(lists[0]) and flat_logprobs.registered(lists[-1])
     fs.uninstall()
-    assert not spec_logprobs.registered(lists[-1])
+    assert not flat_logprobs.registered(lists[-1])
     # A list changed after registration goes to the release's loop.
     vals, _ = top(logprobs, [1] * 4, True)
     vals[0] = vals[0] + 1
-    assert spec_logprobs.rows_tolist(vals, lambda v: v.tolist()) == [v.tolist() for v in vals]
+    assert flat_logprobs.rows_tolist(vals, lambda v: v.tolist()) == [v.tolist() for v in vals]
 
 
 def test_rewrite_replaces_only_the_known_comprehensions():
@@ -538,16 +539,16 @@ def test_rewrite_replaces_only_the_known_comprehensions():
             """
         )
     ).body[0]
-    result = spec_logprobs_check.rewrite(tree)
+    result = output_logprobs.rewrite(tree)
     assert {kind for kind, _ in result.elts.values()} == {
-        spec_logprobs_check.TOLIST,
-        spec_logprobs_check.TO_HOST,
+        output_logprobs.TOLIST,
+        output_logprobs.TO_HOST,
     }
     assert "out.other" in ast.unparse(result.tree) and ast.unparse(result.tree).count("[") == 1
     other = ast.parse(
         "def f(o):\n    return [v.tolist() + 1 for v in o.next_token_top_logprobs_val]"
     )
-    assert "another shape" in spec_logprobs_check.rewrite(other.body[0])
+    assert "another shape" in output_logprobs.rewrite(other.body[0])
 
 
 @pytest.mark.parametrize("edit", ["another list", "another helper"])
@@ -557,14 +558,14 @@ def test_a_rewrite_whose_call_is_not_its_loop_is_refused(monkeypatch, edit):
     a call that reads another list, or hands the rows to the other helper,
     is refused (the install-time run of each element would not see it)."""
 
-    class Edited(spec_logprobs_check.consumers._Replace):
+    class Edited(output_logprobs.consumers._Replace):
         def visit_ListComp(self, node):
             call = super().visit_ListComp(node)
             if isinstance(call, ast.Call) and call.args[0].attr.endswith("_idx"):
                 if edit == "another list":
                     call.args[0].attr = call.args[0].attr.replace("_idx", "_val")
                 else:
-                    call.func.id = spec_logprobs_check.TO_HOST
+                    call.func.id = output_logprobs.TO_HOST
             return call
 
     tree = ast.parse(
@@ -572,9 +573,9 @@ def test_a_rewrite_whose_call_is_not_its_loop_is_refused(monkeypatch, edit):
         "    a = [v.tolist() for v in o.next_token_top_logprobs_val]\n"
         "    b = [x.tolist() for x in o.next_token_top_logprobs_idx]\n"
     ).body[0]
-    assert isinstance(spec_logprobs_check.rewrite(tree), spec_logprobs_check.Rewrite)
-    monkeypatch.setattr(spec_logprobs_check.consumers, "_Replace", Edited)
-    found = spec_logprobs_check.rewrite(tree)
+    assert isinstance(output_logprobs.rewrite(tree), output_logprobs.Rewrite)
+    monkeypatch.setattr(output_logprobs.consumers, "_Replace", Edited)
+    found = output_logprobs.rewrite(tree)
     assert found == "the rewritten method is not the release's with the loops put back", found
 
 
@@ -585,34 +586,34 @@ def test_a_rewrite_whose_call_is_not_its_loop_is_refused(monkeypatch, edit):
 def fresh_checks():
     """The producer checks are cached per release function: a test that
     breaks flatgather's code must not leave its verdict behind."""
-    spec_logprobs_check.producers._verified.clear()
+    output_logprobs.producers._picked.clear()
     yield
-    spec_logprobs_check.producers._verified.clear()
+    output_logprobs.producers._picked.clear()
 
 
 @pytest.mark.matrix
 def test_a_producer_that_differs_is_left_stock(monkeypatch, fresh_checks):
     module = __import__(CHAIN.spec.__module__, fromlist=["x"])
     # The rows in the wrong order: the check must see it.
-    real = spec_logprobs._views
-    monkeypatch.setattr(spec_logprobs, "_views", lambda plan, flat: real(plan, flat)[::-1])
-    prepared = spec_logprobs_check.prepare_producers(module)
-    assert not prepared.patches and prepared.notes, prepared
+    real = flat_logprobs._views
+    monkeypatch.setattr(flat_logprobs, "_views", lambda plan, flat: real(plan, flat)[::-1])
+    prepared = output_logprobs.PRODUCER.prepare(module)
+    assert not prepared.swaps and prepared.notes, prepared
 
 
 @pytest.mark.matrix
 def test_a_chain_helper_that_differs_leaves_the_methods_stock(monkeypatch, fresh_checks):
     import sglang.srt.managers.utils as utils
 
-    real = spec_logprobs._Flat.tolist
-    monkeypatch.setattr(spec_logprobs._Flat, "tolist", lambda self, elt: real(self, elt)[1:])
+    real = flat_logprobs._Flat.tolist
+    monkeypatch.setattr(flat_logprobs._Flat, "tolist", lambda self, elt: real(self, elt)[1:])
     if CHAIN.processor is not None:
         module = __import__(CHAIN.processor.__module__, fromlist=["x"])
-        prepared = spec_logprobs_check.prepare_consumers(module)
-        assert not prepared.patches and prepared.notes, prepared
-    monkeypatch.setattr(spec_logprobs, "_views", lambda plan, flat: [flat] * plan.num_rows)
-    prepared = spec_logprobs_check.prepare_consumers(utils)
-    assert not prepared.patches and prepared.notes, prepared
+        prepared = output_logprobs.CHAIN.prepare(module)
+        assert not prepared.swaps and prepared.notes, prepared
+    monkeypatch.setattr(flat_logprobs, "_views", lambda plan, flat: [flat] * plan.num_rows)
+    prepared = output_logprobs.CHAIN.prepare(utils)
+    assert not prepared.swaps and prepared.notes, prepared
 
 
 # --- the host copy: only the releases' own ----------------------------------------------------
@@ -633,7 +634,7 @@ def _copy_mutant(tmp_path, monkeypatch, element: str | None):
     module of its own that reads the release module's globals, with each
     logprob row's copy written as ``element`` (a format of the row's name;
     None: as the release writes it); and a stand-in for the release's module
-    holding it, for :func:`spec_logprobs_check.prepare_consumers`."""
+    holding it, for :func:`output_logprobs.CHAIN.prepare`."""
     import sglang.srt.managers.utils as utils
 
     text = textwrap.dedent(inspect.getsource(CHAIN.stock["copy_to_cpu"]))
@@ -664,12 +665,10 @@ def test_a_host_copy_of_other_code_leaves_copy_to_cpu_stock(tmp_path, monkeypatc
     one-argument copy from the release's, so the copy must be one of the
     releases' own (its fingerprint in COPY_HELPERS)."""
     # The harness itself refuses nothing: the release's own copy is rebuilt.
-    same = spec_logprobs_check.prepare_consumers(_copy_mutant(tmp_path, monkeypatch, None))
-    assert [p.name for p in same.patches] == ["copy_to_cpu"] and not same.notes, same
-    other = spec_logprobs_check.prepare_consumers(
-        _copy_mutant(tmp_path, monkeypatch, "_host_copy({0})")
-    )
-    assert not other.patches, other
+    same = output_logprobs.CHAIN.prepare(_copy_mutant(tmp_path, monkeypatch, None))
+    assert [p.name for p in same.swaps] == ["copy_to_cpu"] and not same.notes, same
+    other = output_logprobs.CHAIN.prepare(_copy_mutant(tmp_path, monkeypatch, "_host_copy({0})"))
+    assert not other.swaps, other
     (note,) = other.notes
     assert "copy_to_cpu left stock" in note and "_host_copy" in note, note
     assert "not a host copy flatgather knows" in note, note
@@ -683,8 +682,8 @@ def test_the_release_s_host_copy_is_known():
     if helper is None:  # up to 0.5.14: v.to("cpu", non_blocking=True) inline
         assert "_async_d2h" not in inspect.getsource(CHAIN.stock["copy_to_cpu"])
         return
-    found = spec_logprobs_check.consumers._copy_fingerprint(helper)
-    assert RELEASE in spec_logprobs_check.COPY_HELPERS.get(found, ()), (
+    found = output_logprobs.consumers._copy_fingerprint(helper)
+    assert RELEASE in output_logprobs.COPY_HELPERS.get(found, ()), (
         f"{RELEASE}: host copy fingerprint {found} not in COPY_HELPERS; regenerate it"
     )
 
@@ -721,7 +720,7 @@ def _copies_to_host(device: str, stock: bool, step, counter: list) -> dict:
         "record_stream": len(counter) - before,
         "tensor_rows": {k: sum(map(torch.is_tensor, rows_ or ())) for k, rows_ in rows.items()},
         # Which lists are handed on flat (flatgather's copy ran on them).
-        "flat": {k: spec_logprobs.registered(rows_) for k, rows_ in rows.items()},
+        "flat": {k: flat_logprobs.registered(rows_) for k, rows_ in rows.items()},
     }
 
 
@@ -804,5 +803,5 @@ def test_plain_decode_reaches_the_same_producers():
             if "get_top_logprobs" in getattr(getattr(f, "__code__", None), "co_names", ())
         )
     fs.install()
-    for name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS):
+    for name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
         assert getattr(caller.__globals__[name], "__flatgather__", None), name

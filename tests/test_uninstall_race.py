@@ -19,7 +19,7 @@ from _forward import make_processor, release_outputs
 from _sglang import LogitsProcessor, assert_same, oracle_context
 from flatgather.bench.batches import forward_metadata, output_fields
 from flatgather.sglang import installer
-from flatgather.sglang.patching import Prepared
+from flatgather.sglang.patching import Patch, Prepared
 from test_forward import HIDDEN, VOCAB, make_tensors
 
 BATCHES = [([4, 5, 6], [0, 5, 3]), ([1], [0]), ([6] * 8, [0, 3, 6, 5] * 2), ([2, 9], [2, 0])]
@@ -143,7 +143,7 @@ def test_uninstall_between_pruning_and_storing_waits_for_the_forward(forwards):
     uninstalled = threading.Event()
     uninstaller = threading.Thread(target=lambda: fs.uninstall() and uninstalled.set())
     uninstaller.start()
-    wait_for_the_gate_to_close(state.gate)
+    wait_for_the_gate_to_close(state.about("pruned-states").gate)
     assert not uninstalled.is_set() and fs.is_installed()
     # A forward that starts now gathers eagerly and is not waited for.
     assert_same(forwards.run(1), forwards.expected[1])
@@ -183,10 +183,10 @@ def test_a_timed_out_uninstall_leaves_the_gate_shut_for_another_that_waits(forwa
         daemon=True,
     )
     waiting.start()
-    wait_for_the_gate_to_close(state.gate)
+    wait_for_the_gate_to_close(state.about("pruned-states").gate)
     with pytest.raises(TimeoutError):
         fs.uninstall(timeout=0.05)
-    assert not state.gate._open  # the first uninstall() still waits behind it
+    assert not state.about("pruned-states").gate._open  # the first uninstall() still waits behind it
     pause.resume.set()
     forward_thread.join(30)
     waiting.join(30)
@@ -228,9 +228,18 @@ def test_a_forward_may_call_flatgather_while_uninstall_waits_for_it(
         monkeypatch.syspath_prepend(str(tmp_path))
         monkeypatch.delitem(sys.modules, name, raising=False)
         prepared = []
-        monkeypatch.setattr(
-            installer, "DEFERRED", ((name, lambda m: prepared.append(m) or Prepared()),)
-        )
+
+        class Recording(Patch):
+            """A patch of a module of its own: it records the import."""
+
+            modules = (name,)
+
+            def prepare(self, module):
+                prepared.append(module)
+                return Prepared()
+
+        every = installer.all_patches
+        monkeypatch.setattr(installer, "all_patches", lambda: (*every(), Recording()))
 
         def action():
             importlib.import_module(name)
@@ -250,7 +259,7 @@ def test_a_forward_may_call_flatgather_while_uninstall_waits_for_it(
         daemon=True,
     )
     uninstaller.start()
-    wait_for_the_gate_to_close(state.gate)
+    wait_for_the_gate_to_close(state.about("pruned-states").gate)
     pause.resume.set()
     forward_thread.join(30)
     uninstaller.join(30)

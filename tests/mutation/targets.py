@@ -141,11 +141,11 @@ def function_of(target: Target, module: types.ModuleType) -> types.FunctionType:
 
 def _draft_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
     from flatgather.bench import draft_harness
-    from flatgather.sglang import draft_prefill
+    from flatgather.sglang.patches import draft_prefill
 
-    result = draft_prefill.prepare(copy)
+    result = draft_prefill.PATCH.prepare(copy)
     trial = Trial(patched=draft_prefill.ROTATION in result.applied, note="; ".join(result.notes))
-    new = [p.new for p in result.patches if p.name == draft_prefill.METHOD]
+    new = [p.new for p in result.swaps if p.name == draft_prefill.METHOD]
     if not new:
         return trial  # the mutant itself stays: nothing to tell apart
     (in_place,) = new
@@ -218,11 +218,11 @@ def _draft_difference(inputs, ours, stock, backport: bool) -> str | None:
 
 
 def _prefill_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
-    from flatgather.sglang import prefill_result
+    from flatgather.sglang.patches import prefill_result
 
-    result = prefill_result.prepare(copy)
+    result = prefill_result.PATCH.prepare(copy)
     trial = Trial(patched=prefill_result.FIX in result.applied, note="; ".join(result.notes))
-    new = [p.new for p in result.patches if p.name == prefill_result.METHOD]
+    new = [p.new for p in result.swaps if p.name == prefill_result.METHOD]
     if not new:
         return trial
     (in_place,) = new
@@ -245,7 +245,7 @@ def _prefill_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
 
 
 def _prefill_request(rng: random.Random):
-    from flatgather.sglang.prefill_result import Request
+    from flatgather.sglang.patches.prefill_result import Request
 
     extend = rng.randint(1, 6)
     return Request(
@@ -264,7 +264,7 @@ def _prefill_request(rng: random.Random):
 
 def _pruned_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
     import flatgather.sglang as fs
-    from flatgather.sglang.pruned_states import probe
+    from flatgather.sglang.patches.pruned_states import probe
     from sglang.srt.layers import logits_processor as lp
 
     cls = lp.LogitsProcessor
@@ -344,7 +344,7 @@ def _store_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
             if trial.patched:
                 pruned = vars(cls)["_get_pruned_states"]
                 store = vars(cls)["_get_hidden_states_to_store"]
-                sides = (pruned, store, stock_pruned, mutant, installer._state.gate)
+                sides = (pruned, store, stock_pruned, mutant, installer._state.about("pruned-states").gate)
                 _compare_stores(trial, sides, rng, cases)
             return trial
         finally:
@@ -356,7 +356,7 @@ def _store_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
 def _compare_stores(trial: Trial, sides, rng: random.Random, cases: int) -> None:
     from flatgather.bench.batches import make_states, metadata
     from flatgather.sglang.compare import first_difference
-    from flatgather.sglang.pruned_states import LazyAuxPruned, lazy_scope
+    from flatgather.sglang.patches.pruned_states import LazyAuxPruned, lazy_scope
     from flatgather.sglang.unpinned import unpinned_without_cuda
     from sglang.srt.layers import logits_processor as lp
 
@@ -430,14 +430,14 @@ def _chain_trial(stage: str, module_name: str):
     def trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
         import flatgather.sglang as fs
         from flatgather.bench import spec_chain as sc
-        from flatgather.sglang import spec_logprobs_check
+        from flatgather.sglang.patches import output_logprobs
 
         chain = sc.find()
         real = chain.result_cls if stage == "copy_to_cpu" else chain.processor
         owner = getattr(copy, real.__name__)
         holder = types.SimpleNamespace(__name__=module_name, **{real.__name__: owner})
-        result = spec_logprobs_check.prepare_consumers(holder)
-        ours = [p.new for p in result.patches if p.name == mutant.__name__]
+        result = output_logprobs.CHAIN.prepare(holder)
+        ours = [p.new for p in result.swaps if p.name == mutant.__name__]
         trial = Trial(patched=bool(ours), note="; ".join(result.notes))
         in_place = ours[0] if ours else mutant
         saved = chain.stock[stage]
@@ -460,7 +460,7 @@ def _chain_trial(stage: str, module_name: str):
 
 
 def _compare_chains(trial: Trial, sc, rng: random.Random, cases: int) -> None:
-    from flatgather.sglang.spec_logprobs_check import difference
+    from flatgather.sglang.patches.output_logprobs import difference
 
     vocab = 48
     for _ in range(cases):
@@ -520,7 +520,7 @@ def _replaced_whole_trial(prepare):
     def trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
         with _shape_gate():
             result = prepare(copy)
-        ours = [p for p in result.patches if p.name == mutant.__name__]
+        ours = [p for p in result.swaps if p.name == mutant.__name__]
         # No oracle of its own here: a patched mutant counts as not shown exact.
         return Trial(patched=bool(ours), note="; ".join(result.notes))
 
@@ -534,7 +534,7 @@ def _callee_trial(caller: str, prepare):
     def trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
         with _shape_gate():
             result = prepare(copy)
-        ours = [p for p in result.patches if p.name == caller]
+        ours = [p for p in result.swaps if p.name == caller]
         return Trial(patched=bool(ours), note="; ".join(result.notes))
 
     return trial
@@ -551,10 +551,6 @@ def _callees(function: types.FunctionType) -> list[str]:
         if isinstance(function.__globals__.get(n), types.FunctionType)
         and function.__globals__[n].__module__ == function.__module__
     )
-
-
-def _one_module(prepare):
-    return lambda module: prepare([module])
 
 
 def _outcome(function, *args):
@@ -575,24 +571,23 @@ def _stand_ins() -> None:
 
 def targets() -> list[Target]:
     """The patched functions of the running release that the suite mutates."""
-    from flatgather.sglang import (
+    from flatgather.sglang import shapes
+    from flatgather.sglang.patches import (
         draft_prefill,
         input_logprobs,
+        output_logprobs,
         prefill_result,
-        shapes,
-        spec_logprobs,
-        spec_logprobs_check,
     )
-    from flatgather.sglang.input_logprobs import check as input_logprobs_check
+    from flatgather.sglang.patches.output_logprobs import flat_logprobs
 
     _stand_ins()
     replaced_whole = []
     for name, fn in shapes.release_functions().items():
-        if name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS):
-            prepare = spec_logprobs_check.prepare_producers
+        if name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
+            prepare = output_logprobs.PRODUCER.prepare
         else:
             assert name in (input_logprobs.CHUNK, input_logprobs.PREFILL), name
-            prepare = _one_module(input_logprobs_check.prepare)
+            prepare = input_logprobs.PATCH.prepare
         replaced_whole.append(
             Target(
                 name,

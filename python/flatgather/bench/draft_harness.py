@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from flatgather.sglang.draft_prefill import METHOD, OWNER
-from flatgather.sglang.patching import Patch
+from flatgather.sglang.patches.draft_prefill import METHOD, OWNER
+from flatgather.sglang.patching import Swap
 
 __all__ = ["DraftInputs", "Driver", "Seen", "count_ops", "harness", "make_inputs", "run"]
 
@@ -243,9 +243,9 @@ class Driver:
 def harness(module) -> Iterator[Driver]:
     """``module.ForwardBatch.init_new`` (the release's own class) replaced
     for the extent of the block, and the very attribute that was there put
-    back after it (a :class:`~flatgather.sglang.patching.Patch`)."""
+    back after it (a :class:`~flatgather.sglang.patching.Swap`)."""
     driver = Driver(module)
-    init_new = Patch(module.ForwardBatch, "init_new", classmethod(driver._init_new))
+    init_new = Swap(module.ForwardBatch, "init_new", classmethod(driver._init_new))
     init_new.apply()
     try:
         yield driver

@@ -75,7 +75,7 @@ GRIDS = {
 
 
 def processor_classes(ctx: Context) -> dict[str, type]:
-    from flatgather.sglang.pruned_states import make_pruned_states
+    from flatgather.sglang.patches.pruned_states import make_pruned_states
 
     sg = ctx.sglang
     installed = sg.lp.LogitsProcessor

@@ -13,9 +13,8 @@ import torch
 
 from flatgather import testing
 from flatgather.bench.batches import metadata
-from flatgather.sglang import draft_prefill
-from flatgather.sglang.input_logprobs import CHUNK, PREFILL
-from flatgather.sglang.input_logprobs import check as input_logprobs_check
+from flatgather.sglang.patches import draft_prefill
+from flatgather.sglang.patches.input_logprobs import CHUNK, MODULES, PREFILL
 from flatgather.sglang.unpinned import first_run, within
 from flatgather.testing import install_sgl_kernel_stand_in
 
@@ -42,7 +41,7 @@ class SGLang:
             self._import_draft_worker()
         cls = lp.LogitsProcessor
         before = dict(vars(cls))
-        modules = [sys.modules[m] for m in input_logprobs_check.MODULES if m in sys.modules]
+        modules = [sys.modules[m] for m in MODULES if m in sys.modules]
         functions = {(m, name): vars(m).get(name) for m in modules for name in (CHUNK, PREFILL)}
         self.report = fs.install()
         after = vars(cls)

@@ -42,7 +42,7 @@ from collections.abc import Iterator
 import torch
 
 from flatgather import testing
-from flatgather.sglang import spec_logprobs
+from flatgather.sglang.patches.output_logprobs import flat_logprobs
 
 SPEC_FUNCTIONS = (
     ("sglang.srt.layers.logprob_processor", "compute_spec_logprobs"),
@@ -187,10 +187,10 @@ def _inline_tolist(output) -> None:
     for name in ("next_token_top_logprobs_val", "next_token_top_logprobs_idx"):
         if output.next_token_top_logprobs_val:
             setattr(
-                output, name, spec_logprobs.rows_tolist(getattr(output, name), lambda v: v.tolist())
+                output, name, flat_logprobs.rows_tolist(getattr(output, name), lambda v: v.tolist())
             )
     if output.next_token_token_ids_logprobs_val:
-        output.next_token_token_ids_logprobs_val = spec_logprobs.rows_tolist(
+        output.next_token_token_ids_logprobs_val = flat_logprobs.rows_tolist(
             output.next_token_token_ids_logprobs_val, lambda v: v.tolist()
         )
 

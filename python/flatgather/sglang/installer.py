@@ -1,19 +1,17 @@
 """What :mod:`flatgather.sglang` exports: ``install()``, ``uninstall()``
 and the report.
 
-``install()`` reads top to bottom: the running release is probed
-(:mod:`flatgather.sglang.pruned_states.probe`: its own ``_get_pruned_states`` against
-flatgather's on small CPU batches), then ``LogitsProcessor`` is patched with
-the contract the probe verified, and the V2 draft worker's prefill
-(:mod:`flatgather.sglang.draft_prefill`) is rewritten when
-``eagle_worker_v2`` is imported, after its own check, and so is the
-scheduler's ``process_batch_result_prefill``
-(:mod:`flatgather.sglang.prefill_result`) where it serves later requests
-another's input logprobs (SGLang issue #36938), and the output-logprob chain
-(:mod:`flatgather.sglang.spec_logprobs_check`) as its modules are imported.
-The release table
-(:mod:`flatgather.sglang.releases`) only says whether the release is also
-covered by the test matrix. ``uninstall()`` puts the original objects back.
+``install()`` walks the patches (:func:`flatgather.sglang.patches.patches`),
+each a :class:`~flatgather.sglang.patching.Patch`, in order, and knows none
+of them by name. For each module a patch names: one already imported is
+prepared now (a required one, the pruning, is imported first); one that
+exists but is not imported yet is prepared when it is imported; one the
+installed SGLang does not have is skipped. What is prepared now is applied
+all together or not at all; a required patch that is refused refuses the
+release, and nothing is patched. Every patch is reported the same way (see
+:class:`PatchReport`). ``uninstall()`` reverts every swap in reverse order.
+The release table (:mod:`flatgather.sglang.releases`) only says whether the
+release is also covered by the test matrix.
 """
 
 from __future__ import annotations
@@ -26,38 +24,19 @@ import logging
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 from flatgather import _import_hooks
-
-# The names the package exports from here: its list, written once there.
-from flatgather.sglang import __all__ as __all__
-from flatgather.sglang import (
-    draft_prefill,
-    prefill_result,
-    releases,
-    shapes,
-    spec_logprobs,
-    spec_logprobs_check,
-)
-from flatgather.sglang.input_logprobs import check as input_logprobs_check
-from flatgather.sglang.patching import Patch, Prepared, apply_all, never_raises, revert_all
-from flatgather.sglang.pruned_states import (
-    Contract,
-    LazyGate,
-    make_forward,
-    make_hidden_states_to_store,
-    make_pruned_states,
-    probe,
-)
-from flatgather.sglang.pruned_states.probe import ProbeFailed, Verdict
+from flatgather.sglang import releases
+from flatgather.sglang.patches import patches as all_patches
+from flatgather.sglang.patches.pruned_states import Contract
+from flatgather.sglang.patching import Patch, Prepared, Swap, apply_all, revert_all
 from flatgather.sglang.releases import sglang_release
 
 log = logging.getLogger("flatgather")
-
-LOGITS_PROCESSOR = "sglang.srt.layers.logits_processor"
 
 SUPPORTED_RELEASES: tuple[str, ...] = tuple(r.version for r in releases.RELEASES)
 """The releases of the test matrix (:data:`flatgather.sglang.releases.RELEASES`)."""
@@ -67,6 +46,20 @@ class UnsupportedRelease(RuntimeError):
     """The running SGLang's ``_get_pruned_states`` is not one flatgather can
     reproduce exactly; nothing was patched. The message names the first
     difference the probe found."""
+
+
+@dataclass(frozen=True)
+class PatchReport:
+    """One patch in one module, reported the same way for every patch."""
+
+    patch: str
+    module: str
+    state: str
+    """``"applied"``; ``"as shipped"`` (the release needs nothing here);
+    ``"left stock"`` (see :attr:`notes`); ``"pending"`` (prepared when the
+    module is imported)."""
+    applied: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,36 +81,57 @@ class InstallReport:
     FULL store reads none)."""
     backports: tuple[str, ...] = ()
     """SGLang fixes applied so far: PR #21589's two, issue #36938's
-    (:data:`flatgather.sglang.prefill_result.FIX`)."""
+    (:data:`flatgather.sglang.patches.prefill_result.FIX`)."""
     notes: tuple[str, ...] = ()
     """What was left stock, and why; how the probe ran."""
     probe_seconds: float = 0.0
+    patches: tuple[PatchReport, ...] = ()
+    """Each patch in each module it was prepared for, or waits for."""
 
 
 @dataclass
 class _Installed:
     release: str | None
-    verdict: Verdict
-    gate: LazyGate | None
-    patches: list[Patch] = field(default_factory=list)
-    pending: dict[tuple[str, Callable], object] = field(default_factory=dict)
-    """``(module name, prepare)`` -> the import callback, per deferred patcher."""
+    swaps: list[Swap] = field(default_factory=list)
+    outcomes: list[PatchReport] = field(default_factory=list)
+    pending: dict[tuple[str, Patch], Any] = field(default_factory=dict)
+    """``(module name, patch)`` -> its import callback."""
+    in_service: list[Patch] = field(default_factory=list)
+    """Each patch with a swap applied, once."""
+    held: list[tuple[Patch, Any]] = field(default_factory=list)
+    """``(patch, about)`` for each patch in service that holds state."""
+    fields: dict[str, Any] = field(default_factory=dict)
     backports: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def record(self, patch: Patch, module: str, result: Prepared) -> None:
+        state = "applied" if result.swaps else "left stock" if result.notes else "as shipped"
+        self.outcomes.append(PatchReport(patch.name, module, state, result.applied, result.notes))
+        self.notes.extend(result.notes)
+        if result.swaps:
+            if patch not in self.in_service:
+                self.in_service.append(patch)
+            self.backports.extend(b for b in result.backports if b not in self.backports)
+            if result.about is not None:
+                self.held.append((patch, result.about))
+                self.fields.update(patch.report(result.about))
+
+    def about(self, name: str) -> Any:
+        """What the patch ``name`` in service handed the installer, or None."""
+        return next((about for patch, about in self.held if patch.name == name), None)
+
     def report(self) -> InstallReport:
         in_table = releases.by_version(self.release) is not None
+        waiting = tuple(PatchReport(patch.name, name, "pending") for name, patch in self.pending)
         return InstallReport(
             release=self.release,
-            patched=tuple(p.where for p in self.patches),
+            patched=tuple(s.where for s in self.swaps),
             pending=tuple(sorted({name for name, _ in self.pending})),
-            contract=self.verdict.contract,
             verified_by="probe and test matrix" if in_table else "probe",
-            lazy_aux=self.gate is not None,
-            lazy_full=self.gate is not None and self.verdict.lazy_full,
             backports=tuple(self.backports),
             notes=tuple(self.notes),
-            probe_seconds=self.verdict.seconds,
+            patches=(*self.outcomes, *waiting),
+            **self.fields,
         )
 
 
@@ -125,34 +139,7 @@ _lock = threading.RLock()
 _state: _Installed | None = None
 
 
-def _logits_processor_patches(module, verdict: Verdict, gate: LazyGate | None) -> list[Patch]:
-    cls = module.LogitsProcessor
-    raw = vars(cls)
-    store = None
-    if gate is not None:
-        store = make_hidden_states_to_store(raw["_get_hidden_states_to_store"])
-    patches = [
-        Patch(
-            cls,
-            "_get_pruned_states",
-            make_pruned_states(
-                raw["_get_pruned_states"],
-                verdict.contract,
-                gate,
-                lazy_full=verdict.lazy_full,
-                store=store,
-            ),
-        )
-    ]
-    if gate is not None:
-        patches += [
-            Patch(cls, "_get_hidden_states_to_store", store),
-            Patch(cls, "forward", make_forward(raw["forward"], gate)),
-        ]
-    return patches
-
-
-def _table_notes(release: str | None, contract: Contract) -> list[str]:
+def _table_notes(release: str | None, contract: Contract | None) -> list[str]:
     row = releases.by_version(release)
     if row is None:
         return [
@@ -162,32 +149,13 @@ def _table_notes(release: str | None, contract: Contract) -> list[str]:
     expected = Contract(
         row.trailing_token_to_seq, row.packed_aux, row.writes_cpu_indices, row.prunes_aux
     )
-    if expected != contract:
+    if contract is not None and expected != contract:
         # The probe verified what runs; the table describes the wheel.
         return [
             f"the running SGLang {release} differs from the published wheel "
             f"(table: {expected.describe()}); the probe's contract is used"
         ]
     return []
-
-
-# Patchers that wait for a module to be imported: the module's name and its
-# ``prepare(module) -> Prepared``, which never raises and verifies what it
-# patches on its own. Each runs once, when (or if) that module is imported.
-DEFERRED: tuple[tuple[str, Callable[[ModuleType], Prepared]], ...] = (
-    (draft_prefill.MODULE, draft_prefill.prepare),
-    # process_batch_result_prefill: in the mixin up to 0.5.12, in the batch
-    # result processor from 0.5.13; a release has one of the two modules.
-    *((name, prefill_result.prepare) for name in prefill_result.MODULES),
-)
-
-# The output-logprob chain (install(output_logprobs=True)): its producers
-# and its consumers, wherever the running release has them.
-OUTPUT_LOGPROBS: tuple[tuple[str, Callable[[ModuleType], Prepared]], ...] = tuple(
-    (name, spec_logprobs_check.prepare_producers) for name in spec_logprobs_check.PRODUCER_MODULES
-) + tuple(
-    (name, spec_logprobs_check.prepare_consumers) for name in spec_logprobs_check.CONSUMER_CLASSES
-)
 
 
 def _absent(name: str) -> bool:
@@ -212,21 +180,20 @@ def _absent(name: str) -> bool:
     return False
 
 
-def _on_import(state: _Installed, prepare, module) -> None:
+def _on_import(state: _Installed, patch: Patch, module) -> None:
     name = module.__name__
     with _lock:
-        if _state is not state or (name, prepare) not in state.pending:
+        if _state is not state or (name, patch) not in state.pending:
             return
-        del state.pending[(name, prepare)]
-        # Never fail the import this rides on.
-        result = never_raises(lambda module: module.__name__)(prepare)(module)
-        state.notes.extend(result.notes)
+        del state.pending[(name, patch)]
+        # Never fail the import this rides on: prepare() never raises.
+        result = patch.prepare(module)
         for note in result.notes:
             log.warning("flatgather: %s", note)
-        if result.patches:
-            state.patches.extend(apply_all(result.patches))
-            state.backports.extend(result.backports)
+        if result.swaps:
+            state.swaps.extend(apply_all(result.swaps))
             log.info("flatgather: patched %s (%s)", name, ", ".join(result.applied))
+        state.record(patch, name, result)
 
 
 def install(
@@ -244,14 +211,14 @@ def install(
     where the probe verified it), ``LogitsProcessor.forward`` gathers from the
     EAGLE3 aux layers only the rows it stores; its outputs are unchanged.
     With ``input_logprobs`` (the default), the token-id input logprobs are
-    gathered in one go (:mod:`flatgather.sglang.input_logprobs`), each
+    gathered in one go (:mod:`flatgather.sglang.patches.input_logprobs`), each
     function verified against the release's own first. With
     ``output_logprobs`` (the default), the output logprobs of decode and
     speculative verify steps (top logprobs, token-id logprobs) go from the
-    device to the scheduler flat (:mod:`flatgather.sglang.spec_logprobs`),
+    device to the scheduler flat (:mod:`flatgather.sglang.patches.output_logprobs`),
     each stage verified against the release's own as its module is imported.
-    Either every patch is applied or, if one fails, none is left behind and
-    the error propagates.
+    Either every patch that applies now is applied or, if one fails, none is
+    left behind and the error propagates.
 
     ``force`` is accepted for compatibility and changes nothing: every
     release, tested or not, is patched exactly when the probe passes.
@@ -264,77 +231,56 @@ def install(
             DeprecationWarning,
             stacklevel=2,
         )
+    options = {
+        "lazy_aux": lazy_aux,
+        "input_logprobs": input_logprobs,
+        "output_logprobs": output_logprobs,
+    }
     with _lock:
         if _state is not None:
             return _state.report()
-        module = importlib.import_module(LOGITS_PROCESSOR)
         release = sglang_release()
-        try:
-            verdict = probe.run(module)
-        except ProbeFailed as exc:
-            raise UnsupportedRelease(
-                f"SGLang {release or '(unknown version)'}: {exc}. Nothing was patched."
-            ) from None
-        # The probe's batches prove the contract on those batches: the code
-        # itself must also be code the test matrix has run (shapes.py).
-        try:
-            shape = shapes.known(shapes.PRUNED_STATES, module.LogitsProcessor, "_get_pruned_states")
-        except shapes.UnknownShape as exc:
-            raise UnsupportedRelease(
-                f"SGLang {release or '(unknown version)'}: {exc}. Nothing was patched."
-            ) from None
-        # Lazy aux hands the store only the rows it was seen to read: the
-        # store must be known code too, else lazy aux stays off.
-        store_unknown = None
-        if lazy_aux and verdict.lazy_aux:
-            try:
-                shapes.known(shapes.STORE, module.LogitsProcessor, "_get_hidden_states_to_store")
-            except shapes.UnknownShape as exc:
-                store_unknown = str(exc)
-        gate = LazyGate() if lazy_aux and verdict.lazy_aux and not store_unknown else None
-        state = _Installed(release, verdict, gate)
-        state.notes.extend(_table_notes(release, verdict.contract))
-        seen_in = ", ".join(shapes.KNOWN[shapes.PRUNED_STATES][shape])
-        state.notes.append(f"_get_pruned_states is code the test matrix runs ({seen_in})")
-        if lazy_aux and not verdict.lazy_aux:
-            state.notes.append(f"lazy aux pruning left off: {verdict.lazy_aux_note}")
-        elif store_unknown:
-            state.notes.append(f"lazy aux pruning left off: {store_unknown}")
-        elif lazy_aux and not verdict.lazy_full:
-            state.notes.append(f"FULL capture gathers every kept aux row: {verdict.lazy_full_note}")
-        if verdict.metadata_note:
-            state.notes.append(verdict.metadata_note)
-        if verdict.pin_neutralised:
-            state.notes.append(
-                "this host has no CUDA and the release's _get_pruned_states pins memory "
-                "unconditionally: the probe ran it with pin_memory=False (pinning changes no value)"
-            )
-        patches = _logits_processor_patches(module, verdict, gate)
-        if input_logprobs:
-            flat = input_logprobs_check.prepare(
-                [sys.modules[m] for m in input_logprobs_check.MODULES if m in sys.modules]
-            )
-            patches += flat.patches
-            state.notes.extend(flat.notes)
+        state = _Installed(release)
+        chosen = [p for p in (patch.configure(options) for patch in all_patches()) if p]
+        now: list[tuple[Patch, str, Prepared]] = []
+        later: list[tuple[Patch, str]] = []
+        for patch in chosen:
+            for name in patch.modules:
+                if patch.required:
+                    importlib.import_module(name)
+                if name in sys.modules:
+                    result = patch.prepare(sys.modules[name])
+                    if patch.required and not result.swaps:
+                        raise UnsupportedRelease(
+                            f"SGLang {release or '(unknown version)'}: {result.refusal}. "
+                            "Nothing was patched."
+                        )
+                    now.append((patch, name, result))
+                elif not _absent(name):
+                    later.append((patch, name))
+        contract = next((f.get("contract") for f in (_fields(p, r) for p, _, r in now) if f), None)
+        state.notes.extend(_table_notes(release, contract))
         _state = state
         try:
-            state.patches.extend(apply_all(patches))
-            state.backports.extend(verdict.contract.backports)
-            deferred = DEFERRED + (OUTPUT_LOGPROBS if output_logprobs else ())
-            for module_name, prepare in deferred:
-                if _absent(module_name):
-                    continue
-                on_import = functools.partial(_on_import, state, prepare)
-                state.pending[(module_name, prepare)] = on_import
-                _import_hooks.when_imported(module_name, on_import)
+            state.swaps.extend(apply_all([s for _, _, result in now for s in result.swaps]))
+            for patch, name, result in now:
+                state.record(patch, name, result)
+            for name, patch in ((name, patch) for patch, name in later):
+                on_import = functools.partial(_on_import, state, patch)
+                state.pending[(name, patch)] = on_import
+                _import_hooks.when_imported(name, on_import)
         except BaseException:
             _state = None
             _cancel_pending(state)
-            revert_all(state.patches)
+            revert_all(state.swaps)
             raise
         for note in state.notes:
             log.info("flatgather: %s", note)
         return state.report()
+
+
+def _fields(patch: Patch, result: Prepared) -> dict:
+    return patch.report(result.about) if result.swaps and result.about is not None else {}
 
 
 def _cancel_pending(state: _Installed) -> None:
@@ -362,22 +308,26 @@ def uninstall(timeout: float | None = None) -> bool:
         state = _state
         if state is None:
             return False
-        if state.gate is not None and state.gate.current():
+        held = list(state.held)
+        if any(patch.busy_here(about) for patch, about in held):
             raise RuntimeError(
                 "flatgather.sglang.uninstall() called from inside LogitsProcessor.forward, "
                 "which it would wait for"
             )
-    if state.gate is not None and not state.gate.close(timeout):
-        raise TimeoutError(f"forwards still running after {timeout} s; flatgather stays installed")
+    for patch, about in held:
+        if not patch.drain(about, timeout):
+            raise TimeoutError(
+                f"forwards still running after {timeout} s; flatgather stays installed"
+            )
     with _lock:
         if _state is not state:
             return False  # another uninstall() restored it meanwhile
         _state = None
         _cancel_pending(state)
-        revert_all(state.patches)
-        state.patches.clear()
-        # Lists registered before now are read by the release's loops.
-        spec_logprobs.clear()
+        revert_all(state.swaps)
+        state.swaps.clear()
+        for patch in reversed(state.in_service):
+            patch.reverted()
         return True
 
 
@@ -394,14 +344,14 @@ def _module_functions_as_shipped() -> Iterator[None]:
     place)."""
     with _lock:
         state = _state
-        patches = [] if state is None else [p for p in state.patches if _is_module(p.target)]
-        for patch in patches:
-            setattr(patch.target, patch.name, patch.original)
+        swaps = [] if state is None else [s for s in state.swaps if _is_module(s.target)]
+        for swap in swaps:
+            setattr(swap.target, swap.name, swap.original)
         try:
             yield
         finally:
-            for patch in reversed(patches):
-                setattr(patch.target, patch.name, patch.new)
+            for swap in reversed(swaps):
+                setattr(swap.target, swap.name, swap.new)
 
 
 def _is_module(target) -> bool:

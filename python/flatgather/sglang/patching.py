@@ -1,20 +1,50 @@
-"""Attribute patches applied all together or not at all, and what a
-patcher that waits for a module's import hands back."""
+"""The shape every patch has, and the attribute swaps that apply it.
+
+Every place flatgather patches SGLang (:mod:`flatgather.sglang.patches`) is
+a :class:`Patch`, which fills in the same steps:
+
+1. :meth:`~Patch.locate`: where the running release keeps the code, in one
+   of the modules the patch names (the release decides which has it);
+2. :meth:`~Patch.prove`: that the code read is the code that runs, and what
+   it does (its source proven, its shape matched, its contract derived);
+3. :meth:`~Patch.build`: the replacements, best first;
+4. :meth:`~Patch.check`: a replacement against the release's own code on
+   small CPU cases: the same answer, or the first difference;
+5. :meth:`~Patch.vouch`, for code replaced whole: that it is code the test
+   matrix runs (:mod:`flatgather.sglang.shapes`);
+
+then the installer applies the chosen replacement's :class:`Swap`\\ s with
+the others (:func:`apply_all`) and reverts them in reverse order
+(:func:`revert_all`). :meth:`Patch.prepare` walks the steps for one module
+and never raises: a step that refuses (:class:`Refused`) or fails leaves
+that code as shipped, with a note saying why.
+"""
 
 from __future__ import annotations
 
-import functools
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
+
+__all__ = [
+    "Candidate",
+    "Patch",
+    "Prepared",
+    "Refused",
+    "Swap",
+    "Target",
+    "Unneeded",
+    "apply_all",
+    "revert_all",
+]
 
 _MISSING = object()
 
 
 @dataclass
-class Patch:
+class Swap:
     """``setattr(target, name, new)``, remembering the raw attribute it
     replaced (from ``vars(target)``, so a restored class attribute is the very
     object that was there, descriptor and all)."""
@@ -52,56 +82,242 @@ class Patch:
             setattr(self.target, self.name, self.original)
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """What a deferred patcher (``prepare(module)``) found it could do: the
-    patches to apply, what they apply (names for the install report), the
-    backports among them, and notes on what was left stock and why."""
-
-    patches: list[Patch] = field(default_factory=list)
-    applied: tuple[str, ...] = ()
-    backports: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-
-    @classmethod
-    def refused(cls, note: str) -> Prepared:
-        return cls(notes=(note,))
-
-
-def apply_all(patches: Sequence[Patch]) -> list[Patch]:
-    """Apply every patch, or, if one fails, revert those already applied and
+def apply_all(swaps: Sequence[Swap]) -> list[Swap]:
+    """Apply every swap, or, if one fails, revert those already applied and
     re-raise: the targets are then exactly as they were."""
-    applied: list[Patch] = []
+    applied: list[Swap] = []
     try:
-        for patch in patches:
-            patch.apply()
-            applied.append(patch)
+        for swap in swaps:
+            swap.apply()
+            applied.append(swap)
     except BaseException:
         revert_all(applied)
         raise
     return applied
 
 
-def revert_all(patches: Sequence[Patch]) -> None:
+def revert_all(swaps: Sequence[Swap]) -> None:
     """Revert in reverse order of application."""
-    for patch in reversed(patches):
-        patch.revert()
+    for swap in reversed(swaps):
+        swap.revert()
 
 
-def never_raises(where: Callable[[ModuleType], str]):
-    """The one guard of every patcher's ``prepare(module) -> Prepared``:
-    what it raises becomes a refusal, a note naming ``where(module)`` and
-    the exception, and the code stays as shipped. (``KeyboardInterrupt``
-    and other ``BaseException``s go through.)"""
+class Refused(Exception):
+    """A step refuses: the message says why, and the code it would have
+    replaced stays as shipped."""
 
-    def guard(prepare: Callable[[ModuleType], Prepared]) -> Callable[[ModuleType], Prepared]:
-        @functools.wraps(prepare)
-        def guarded(module: ModuleType) -> Prepared:
+
+class Unneeded(Exception):
+    """A step finds that the release already does what the patch would (or
+    has nothing of the kind here): nothing is replaced, and nothing noted."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One attribute of the release a patch may replace: ``owner.name``."""
+
+    owner: Any
+    """The class or module that holds it."""
+    name: str
+    module: ModuleType | None = field(default=None, compare=False)
+    """The module it was located in."""
+
+    @property
+    def where(self) -> str:
+        owner = getattr(self.owner, "__qualname__", None) or getattr(self.owner, "__name__", "?")
+        return f"{owner}.{self.name}"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One replacement a patch's :meth:`~Patch.build` offers."""
+
+    swaps: tuple[Swap, ...] = ()
+    """What it sets; none: the code stays as shipped, and :attr:`notes`
+    say why (a candidate without swaps is taken without a check)."""
+    applied: tuple[str, ...] = ()
+    """What it applies, by the names of the install report."""
+    backports: tuple[str, ...] = ()
+    """The SGLang fixes among them."""
+    notes: tuple[str, ...] = ()
+    """What it leaves out, and why."""
+    gives_up: str = ""
+    """What the next candidate lacks that this one has, where that is worth
+    a note ("the rotation loop left stock"): when this one fails its check
+    and the next is taken, the note is this and the difference found."""
+    detail: Any = None
+    """What the patch's own :meth:`~Patch.check` needs of it."""
+    about: Any = None
+    """What the install report takes from it, where the patch hands more
+    than swaps (the pruning's contract and lazy-aux gate)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :meth:`Patch.prepare` found it could do in one module."""
+
+    swaps: list[Swap] = field(default_factory=list)
+    applied: tuple[str, ...] = ()
+    backports: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    """What was left stock, and why."""
+    refusal: str = ""
+    """Why the first refused target was refused (a required patch's
+    refusal is the installer's error)."""
+    about: Any = None
+
+    @classmethod
+    def refused(cls, note: str) -> Prepared:
+        return cls(notes=(note,), refusal=note)
+
+
+class Patch:
+    """One place of SGLang that flatgather patches. Subclasses set
+    :attr:`name` and :attr:`modules` and fill in the steps; :meth:`prepare`
+    walks them."""
+
+    name: ClassVar[str]
+    """The patch, as the install report names it."""
+    modules: ClassVar[tuple[str, ...]]
+    """Every module a release keeps this code in; each is prepared when (and
+    if) it is imported."""
+    option: ClassVar[str | None] = None
+    """The ``install()`` flag that turns the patch off, if one does."""
+    required: ClassVar[bool] = False
+    """Refused, it makes the whole release refused (nothing is patched):
+    the pruning, which everything else builds on."""
+
+    def configure(self, options: dict[str, bool]) -> Patch | None:
+        """This patch as ``install(**options)`` asks for it, or None when
+        the options turn it off."""
+        return self if self.option is None or options.get(self.option, True) else None
+
+    # --- the steps -----------------------------------------------------------------------------
+
+    def locate(self, module: ModuleType) -> Sequence[Target]:
+        """What of ``module`` this patch would replace (nothing: no target).
+        Raises :class:`Refused` when the module is not as the releases
+        have it; the message is the whole note."""
+        raise NotImplementedError
+
+    def prove(self, target: Target) -> Any:
+        """That the code read is the code that runs, and what it does: the
+        proof :meth:`build` and :meth:`check` work from. Raises
+        :class:`Refused`, or :class:`Unneeded` where the release needs
+        nothing."""
+        raise NotImplementedError
+
+    def build(self, target: Target, proof: Any) -> Iterable[Candidate]:
+        """The replacements, best first (each a step down from the one
+        before)."""
+        raise NotImplementedError
+
+    def check(self, target: Target, proof: Any, candidate: Candidate) -> str | None:
+        """The candidate against the release's own code on the patch's
+        cases: None, or the first difference."""
+        raise NotImplementedError
+
+    def vouch(self, target: Target, proof: Any) -> tuple[str, ...]:
+        """For code replaced whole, after its check: that it is code the
+        test matrix runs, else :class:`Refused`; returns notes on what the
+        proof rests on. A rewrite keeps the release's own lines, and needs
+        none."""
+        return ()
+
+    def refusal(self, target: Target, why: str) -> str:
+        """The note for a refused target."""
+        return f"{target.where} left stock: {why}"
+
+    def where(self, module: ModuleType) -> str:
+        """What the note names when the module as a whole fails."""
+        return f"{module.__name__}: {self.name}"
+
+    # --- what the installer asks of a patch in service ----------------------------------------
+
+    def report(self, about: Any) -> dict[str, Any]:
+        """Fields of the install report this patch fills, from the
+        :attr:`Candidate.about` it chose."""
+        return {}
+
+    def busy_here(self, about: Any) -> bool:
+        """Whether the calling thread is inside this patch's code (where
+        ``uninstall()`` would wait for itself)."""
+        return False
+
+    def drain(self, about: Any, timeout: float | None) -> bool:
+        """Let no new call use what is about to be reverted and wait for
+        those in flight; False when ``timeout`` passed first."""
+        return True
+
+    def reverted(self) -> None:
+        """After every swap is reverted: drop what the patch's code left
+        for later calls."""
+
+    # --- the walk ------------------------------------------------------------------------------
+
+    def prepare(self, module: ModuleType) -> Prepared:
+        """The steps for ``module``; never raises. Whatever cannot be done is
+        a note, and that code stays as shipped (``KeyboardInterrupt`` and
+        other ``BaseException``\\ s go through)."""
+        try:
+            return self._prepare(module)
+        except Refused as exc:
+            return Prepared.refused(str(exc))
+        except Exception as exc:
+            return Prepared.refused(f"{self.where(module)} left stock: {type(exc).__name__}: {exc}")
+
+    def _prepare(self, module: ModuleType) -> Prepared:
+        swaps: list[Swap] = []
+        applied: list[str] = []
+        backports: list[str] = []
+        notes: list[str] = []
+        refusal, about = "", None
+        for target in self.locate(module):
             try:
-                return prepare(module)
+                chosen = self.choose(target)
+            except Unneeded:
+                continue
+            except Refused as exc:
+                why = str(exc)
             except Exception as exc:
-                return Prepared.refused(f"{where(module)} left stock: {type(exc).__name__}: {exc}")
+                why = f"{type(exc).__name__}: {exc}"
+            else:
+                swaps += chosen.swaps
+                applied += [a for a in chosen.applied if a not in applied]
+                backports += [b for b in chosen.backports if b not in backports]
+                notes += chosen.notes
+                about = chosen.about if about is None else about
+                continue
+            notes.append(self.refusal(target, why))
+            refusal = refusal or why
+        return Prepared(swaps, tuple(applied), tuple(backports), tuple(notes), refusal, about)
 
-        return guarded
+    def choose(self, target: Target) -> Candidate:
+        """The steps for one target: :meth:`prove`, :meth:`pick`, then
+        :meth:`vouch` for a candidate that replaces anything."""
+        proof = self.prove(target)
+        candidate = self.pick(target, proof)
+        if candidate.swaps:
+            candidate = replace(
+                candidate, notes=(*candidate.notes, *(self.vouch(target, proof) or ()))
+            )
+        return candidate
 
-    return guard
+    def pick(self, target: Target, proof: Any) -> Candidate:
+        """The first candidate that passes its check, its notes saying what
+        it gives up against the one before. Raises :class:`Refused` with the
+        best candidate's difference when none does, :class:`Unneeded` when
+        there is none."""
+        best = failed = None
+        for candidate in self.build(target, proof):
+            problem = self.check(target, proof, candidate) if candidate.swaps else None
+            if problem is None:
+                if failed is not None and failed[0].gives_up:
+                    given_up = f"{target.where}: {failed[0].gives_up}: {failed[1]}"
+                    candidate = replace(candidate, notes=(given_up, *candidate.notes))
+                return candidate
+            failed = (candidate, problem)
+            best = best or problem
+        if best is None:
+            raise Unneeded
+        raise Refused(best)

@@ -3,7 +3,7 @@ tests, the README and ``flatgather doctor``.
 
 Each row says what the release's code does on the points where releases
 differ, as read off its wheel. ``install()`` never trusts this table: it asks
-the running release (:mod:`flatgather.sglang.pruned_states.probe`) and patches only what it
+the running release (:mod:`flatgather.sglang.patches.pruned_states.probe`) and patches only what it
 verified. The table is what the CI matrix checks the probe against, what the
 README shows, and how ``install()`` tells "verified by the probe and by the
 test matrix" from "verified by the probe alone".

@@ -18,7 +18,7 @@ the original's globals, defaults and names, and whose line numbers are the
 release's, so tracebacks point into the release's file. It compiles with
 :func:`compile_def`, the one place a rewritten ``def`` is compiled in the
 release's context (its class, its file, its ``__future__`` flags), which the
-draft worker's check (:mod:`flatgather.sglang.draft_prefill.check`) uses for the
+draft worker's check (:mod:`flatgather.sglang.patches.draft_prefill.check`) uses for the
 blocks it runs side by side.
 """
 

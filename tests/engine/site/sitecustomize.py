@@ -40,14 +40,20 @@ TRACE = os.environ.get("FLATGATHER_ENGINE_TRACE")
 
 # module -> (attribute path, marker)
 MARKERS = {
-    "flatgather.sglang.pruned_states": (
+    "flatgather.sglang.patches.pruned_states.gather": (
         ("PrunePlan", "prune: flat plan (B >= 2)"),
         ("_copy_rows", "prune: one-request copy"),
+    ),
+    "flatgather.sglang.patches.pruned_states.lazy_aux": (
         ("LazyAuxPruned.resolve", "prune: lazy aux resolved at the store"),
     ),
-    "flatgather.sglang.input_logprobs": (("TokenIdsPlan", "input logprobs: token-id plan"),),
-    "flatgather.sglang.draft_prefill.rotate": (("RotationPlan", "draft prefill: flat rotation"),),
-    "flatgather.sglang.spec_logprobs": (
+    "flatgather.sglang.patches.input_logprobs.gather": (
+        ("TokenIdsPlan", "input logprobs: token-id plan"),
+    ),
+    "flatgather.sglang.patches.draft_prefill.rotate": (
+        ("RotationPlan", "draft prefill: flat rotation"),
+    ),
+    "flatgather.sglang.patches.output_logprobs.flat_logprobs": (
         ("SpecLogprobsPlan.top_k", "output logprobs: top-k plan"),
         ("SpecLogprobsPlan.token_ids", "output logprobs: token-id plan"),
         ("rows_to_host", "output chain: rebuilt host-copy loop"),
@@ -123,7 +129,7 @@ def _wrap(module, markers) -> None:
 
 
 def _wrap_patching(module) -> None:
-    apply = module.Patch.apply
+    apply = module.Swap.apply
 
     def traced_apply(self):
         marker = REBUILT.get(self.name)
@@ -131,7 +137,7 @@ def _wrap_patching(module) -> None:
             self.new = _counting(self.new, marker)
         return apply(self)
 
-    module.Patch.apply = traced_apply
+    module.Swap.apply = traced_apply
 
 
 PROFILE = os.environ.get("FLATGATHER_ENGINE_PROFILE")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from flatgather.sglang import source
 from flatgather.sglang.compare import first_difference
-from flatgather.sglang.prefill_result.names import LOGITS_PROCESSOR, METHOD
+from flatgather.sglang.patches.prefill_result.names import LOGITS_PROCESSOR, METHOD
 
 _VOCAB = 1 << 20
 _KINDS = tuple(

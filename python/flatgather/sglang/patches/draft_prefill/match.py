@@ -5,7 +5,7 @@ parts (the lengths, the source, the destination, the tails, the loop's own
 names), and says why when there is no loop it can replace.
 
 What the rewrite does with a match is told in
-:mod:`flatgather.sglang.draft_prefill`.
+:mod:`flatgather.sglang.patches.draft_prefill`.
 """
 
 from __future__ import annotations

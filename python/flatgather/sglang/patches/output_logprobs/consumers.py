@@ -14,22 +14,23 @@ from dataclasses import dataclass
 
 import torch
 
-from flatgather.sglang import shapes, source, spec_logprobs
-from flatgather.sglang.patching import Patch, Prepared, never_raises
-from flatgather.sglang.spec_logprobs_check.names import (
+from flatgather.sglang import shapes, source
+from flatgather.sglang.patches.output_logprobs import flat_logprobs
+from flatgather.sglang.patches.output_logprobs.names import (
     CONSUMER_CLASSES,
     CONSUMERS,
     FIELDS,
     TO_HOST,
     TOLIST,
 )
-from flatgather.sglang.spec_logprobs_check.producers import (
+from flatgather.sglang.patches.output_logprobs.producers import (
     _calls,
     _release_function,
     _tolist,
     difference,
     producer,
 )
+from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target, Unneeded
 
 # The rewrite of the consumers.
 
@@ -249,7 +250,7 @@ def unknown_copy(method: source.Method, result: Rewrite, closure=()) -> str | No
     return None
 
 
-_HELPERS = {TO_HOST: spec_logprobs.rows_to_host, TOLIST: spec_logprobs.rows_tolist}
+_HELPERS = {TO_HOST: flat_logprobs.rows_to_host, TOLIST: flat_logprobs.rows_tolist}
 _LOGPROB_MODULES = ("sglang.srt.layers.logprob_processor", "sglang.srt.layers.utils.logprob")
 
 
@@ -266,7 +267,7 @@ def _chain_lists() -> list[tuple[list, list]]:
     if module is None:
         raise LookupError("neither logprob module of the releases imports")
     pairs = []
-    for name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS):
+    for name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
         original = _release_function(module, name)
         replacement, problem = producer(original, name) if original else (None, "not found")
         if replacement is None:
@@ -306,17 +307,17 @@ def _verify_chain(method: source.Method, result: Rewrite) -> str | None:
                 if found:
                     return found
                 if kind == TO_HOST:
-                    if flat and not spec_logprobs.registered(actual):
+                    if flat and not flat_logprobs.registered(actual):
                         return f"{where}: the host rows are not handed on flat"
                     found = difference(
-                        spec_logprobs.rows_tolist(actual, _tolist),
+                        flat_logprobs.rows_tolist(actual, _tolist),
                         [v.tolist() for v in expected],
                         f"{where}, then .tolist()",
                     )
                     if found:
                         return found
             # The registrations made here must not outlive the check.
-            spec_logprobs.rows_tolist(flat_rows, _tolist)
+            flat_logprobs.rows_tolist(flat_rows, _tolist)
     return None
 
 
@@ -337,52 +338,64 @@ def methods_with_loops(owner: type) -> list[str]:
     return names
 
 
-@never_raises(lambda module: f"{module.__name__}: the logprob chain")
-def prepare_consumers(module) -> Prepared:
-    """The rebuilt methods of ``module``'s class of :data:`CONSUMER_CLASSES`,
-    each verified; never raises."""
-    return _prepare_consumers(module)
+class Chain(Patch):
+    """The methods of each class of :data:`CONSUMER_CLASSES` that copy the
+    logprob lists row by row, rebuilt with those comprehensions replaced,
+    each method verified on its own."""
 
+    name = CONSUMERS
+    modules = tuple(CONSUMER_CLASSES)
+    option = "output_logprobs"
 
-def _prepare_consumers(module) -> Prepared:
-    owner = getattr(module, CONSUMER_CLASSES.get(module.__name__, ""), None)
-    if not isinstance(owner, type):
-        return Prepared()
-    patches, notes = [], []
-    for name in methods_with_loops(owner):
-        where = f"{owner.__qualname__}.{name}"
+    def locate(self, module):
+        owner = getattr(module, CONSUMER_CLASSES.get(module.__name__, ""), None)
+        if not isinstance(owner, type):
+            return []
+        return [Target(owner, name, module) for name in methods_with_loops(owner)]
+
+    def prove(self, target):
+        """The method's source, proven, and its comprehensions over the
+        logprob lists, found (none: :class:`Unneeded`)."""
         try:
-            build = source.to_rewrite(owner, name, decorated=True)
+            build = source.to_rewrite(target.owner, target.name, decorated=True)
         except source.SourceMismatch as exc:
-            notes.append(f"{where} left stock: {exc}")
-            continue
-        method, tree, closure = build.method, build.tree, build.closure
-        code = method.function.__code__
-        if {TO_HOST, TOLIST} & {*code.co_names, *code.co_varnames, *closure}:
-            notes.append(f"{where} left stock: it uses flatgather's names")
-            continue
-        result = rewrite(tree)
+            raise Refused(str(exc)) from None
+        code = build.method.function.__code__
+        if {TO_HOST, TOLIST} & {*code.co_names, *code.co_varnames, *build.closure}:
+            raise Refused("it uses flatgather's names")
+        result = rewrite(build.tree)
         if result is None:
-            continue
+            raise Unneeded
         if isinstance(result, str):
-            notes.append(f"{where} left stock: {result}")
-            continue
-        problem = unknown_copy(method, result, closure)
-        if problem:
-            notes.append(f"{where} left stock: {problem}")
-            continue
-        problem = _verify_chain(method, result)
-        if problem:
-            notes.append(f"{where} left stock: checked against the release's loop, {problem}")
-            continue
-        built = source.build_method(method, result.tree, {**closure, **_HELPERS})
+            raise Refused(result)
+        return build, result
+
+    def build(self, target, proof):
+        build, result = proof
+        method = build.method
+        built = source.build_method(method, result.tree, {**build.closure, **_HELPERS})
         built.__flatgather__ = CONSUMERS
         # The attribute as shipped (a decorated method's wrapper, not the
         # function under it): what the bench and the tests call as stock.
-        shipped = vars(owner)[name]
+        shipped = vars(target.owner)[target.name]
         if hasattr(shipped, "__flatgather_build__"):
             # Over another fix, which takes undecorated methods only.
             shipped = method.function
         built.__flatgather_original__ = shipped
-        patches.append(Patch(owner, name, built))
-    return Prepared(patches=patches, applied=(CONSUMERS,) if patches else (), notes=tuple(notes))
+        yield Candidate(swaps=(Swap(target.owner, target.name, built),), applied=(CONSUMERS,))
+
+    def check(self, target, proof, candidate):
+        """The host copy by what it is, then each comprehension by what it
+        gives."""
+        build, result = proof
+        problem = unknown_copy(build.method, result, build.closure)
+        if problem:
+            return problem
+        problem = _verify_chain(build.method, result)
+        return problem and f"checked against the release's loop, {problem}"
+
+    def where(self, module):
+        return f"{module.__name__}: the logprob chain"
+
+
+PATCH = Chain()

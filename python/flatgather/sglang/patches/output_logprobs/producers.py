@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from flatgather.sglang import shapes, spec_logprobs
+from flatgather.sglang import shapes
 from flatgather.sglang.check import Answered, side_by_side
 from flatgather.sglang.compare import first_difference
-from flatgather.sglang.patching import Patch, Prepared
-from flatgather.sglang.spec_logprobs_check.names import PRODUCERS
+from flatgather.sglang.patches.output_logprobs import flat_logprobs
+from flatgather.sglang.patches.output_logprobs.names import PRODUCER_MODULES, PRODUCERS
+from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target
 
 VOCAB = 24
 
@@ -71,7 +72,7 @@ _logprobs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
 
 def _calls(name: str) -> Iterator[_Call]:
-    cases = _TOP_CASES if name == spec_logprobs.TOP else _ID_CASES
+    cases = _TOP_CASES if name == flat_logprobs.TOP else _ID_CASES
     for (arg, rows, flat), dtype in itertools.product(cases, (torch.float32, torch.bfloat16)):
         logprobs = _logprobs.get((rows, dtype))
         if logprobs is None:
@@ -92,16 +93,16 @@ def _answer(fn, call: _Call):
     except Exception as exc:  # compared by type: the same failure, or none
         return {"raised": type(exc).__name__}
     lists = list(lists)
-    if call.name == spec_logprobs.TOKEN_IDS:
+    if call.name == flat_logprobs.TOKEN_IDS:
         owners = {id(a): f"ids[{i}]" for i, a in enumerate(call.arg) if a}
         lists[1] = [owners.get(id(a), a) for a in lists[1]]
     chain = []
     for rows in lists:
-        if call.name == spec_logprobs.TOKEN_IDS and rows is lists[1]:
+        if call.name == flat_logprobs.TOKEN_IDS and rows is lists[1]:
             continue
         try:
-            host = spec_logprobs.rows_to_host(rows, _host)
-            chain.append(spec_logprobs.rows_tolist(host, _tolist))
+            host = flat_logprobs.rows_to_host(rows, _host)
+            chain.append(flat_logprobs.rows_tolist(host, _tolist))
         except Exception as exc:
             chain.append({"raised": type(exc).__name__})
     return {"lists": lists, "chain": chain}
@@ -122,33 +123,6 @@ def _verify_producer(original, replacement, answers: Answered, name: str) -> str
     )
 
 
-_verified: dict[Callable, tuple[Callable | None, str | None]] = {}
-
-
-def producer(original: Callable, name: str) -> tuple[Callable | None, str | None]:
-    """flatgather's replacement of the release's ``original`` (``name``),
-    verified against it, or None and the first difference."""
-    if original not in _verified:
-        _verified[original] = _producer(original, name)
-    return _verified[original]
-
-
-def _producer(original: Callable, name: str) -> tuple[Callable | None, str | None]:
-    answers = Answered()
-    if name == spec_logprobs.TOP:
-        candidates = [(spec_logprobs.make_top_logprobs, ())]
-    else:
-        candidates = [(spec_logprobs.make_token_ids_logprobs, (walk,)) for walk in (True, False)]
-    problem = None
-    for make, args in candidates:
-        found = _verify_producer(original, make(original, *args, on_answer=answers), answers, name)
-        if found is None:
-            # The one that goes into service counts nothing.
-            return make(original, *args), None
-        problem = problem or found
-    return None, problem
-
-
 def _release_function(module, name: str):
     """The release's own function ``name`` of ``module``, under flatgather's
     replacement if one is there."""
@@ -159,34 +133,93 @@ def _release_function(module, name: str):
     return fn if isinstance(fn, types.FunctionType) else None
 
 
-def prepare_producers(module) -> Prepared:
-    """The replacements of the two functions in ``module``'s globals, each
-    verified against the release's own; never raises."""
-    patches, notes = [], []
-    for name in (spec_logprobs.TOP, spec_logprobs.TOKEN_IDS):
-        original = _release_function(module, name)
-        if original is None:
-            continue
-        if vars(module)[name] is not original:
-            # The module imported the name from one flatgather had patched
-            # (0.5.10's worker, the sampler, imported after install()): it
-            # gets the release's own back first, so that this patch is
-            # checked against it and uninstall() restores it.
-            setattr(module, name, original)
-        where = f"{module.__name__}.{name}"
-        try:
-            replacement, problem = producer(original, name)
-        except Exception as exc:
-            replacement, problem = None, f"{type(exc).__name__}: {exc}"
-        if replacement is not None:
-            # Checked side by side on its cases; the code must also be code
-            # the test matrix runs (shapes.py).
-            try:
-                shapes.known(name, None, original)
-            except shapes.UnknownShape as exc:
-                replacement, problem = None, str(exc)
-        if replacement is None:
-            notes.append(f"{where} left stock: {problem}")
+_picked: dict[Callable, Callable | str] = {}
+"""The release's function -> flatgather's replacement of it, verified (or
+why there is none): the same function sits in several modules' globals, and
+the chain's check makes its lists with it."""
+
+
+class Producers(Patch):
+    """``get_top_logprobs`` and ``get_token_ids_logprobs`` in the globals of
+    each module of :data:`PRODUCER_MODULES` that calls them, each verified
+    on its own."""
+
+    name = PRODUCERS
+    modules = PRODUCER_MODULES
+    option = "output_logprobs"
+
+    def locate(self, module):
+        targets = []
+        for name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
+            original = _release_function(module, name)
+            if original is None:
+                continue
+            if vars(module)[name] is not original:
+                # The module imported the name from one flatgather had
+                # patched (0.5.10's worker, the sampler, imported after
+                # install()): it gets the release's own back first, so that
+                # this patch is checked against it and uninstall() restores it.
+                setattr(module, name, original)
+            targets.append(Target(module, name, module))
+        return targets
+
+    def prove(self, target):
+        # Replaced whole, behind its check: what it is, :meth:`vouch` says.
+        return vars(target.owner)[target.name]
+
+    def build(self, target, original):
+        """One candidate per walk: the one checked counts its answers; the
+        one that goes into service counts nothing."""
+        if target.name == flat_logprobs.TOP:
+            ways = [(flat_logprobs.make_top_logprobs, ())]
         else:
-            patches.append(Patch(module, name, replacement))
-    return Prepared(patches=patches, applied=(PRODUCERS,) if patches else (), notes=tuple(notes))
+            ways = [(flat_logprobs.make_token_ids_logprobs, (walk,)) for walk in (True, False)]
+        for make, args in ways:
+            answers = Answered()
+            yield Candidate(
+                swaps=(Swap(target.owner, target.name, make(original, *args)),),
+                applied=(PRODUCERS,),
+                detail=(make(original, *args, on_answer=answers), answers),
+            )
+
+    def check(self, target, original, candidate):
+        counted, answers = candidate.detail
+        return _verify_producer(original, counted, answers, target.name)
+
+    def pick(self, target, original):
+        """Once per release function, whichever module holds it."""
+        found = _picked.get(original)
+        if found is None:
+            try:
+                found = super().pick(target, original).swaps[0].new
+            except Refused as exc:
+                found = str(exc)
+            _picked[original] = found
+        if isinstance(found, str):
+            raise Refused(found)
+        return Candidate(swaps=(Swap(target.owner, target.name, found),), applied=(PRODUCERS,))
+
+    def vouch(self, target, original):
+        try:
+            shapes.known(target.name, None, original)
+        except shapes.UnknownShape as exc:
+            raise Refused(str(exc)) from None
+
+    def where(self, module):
+        return f"{module.__name__}: the output logprobs"
+
+    def reverted(self):
+        # Lists registered before now are read by the release's own loops.
+        flat_logprobs.clear()
+
+
+PATCH = Producers()
+
+
+def producer(original: Callable, name: str) -> tuple[Callable | None, str | None]:
+    """flatgather's replacement of the release's ``original`` (``name``),
+    verified against it, or None and the first difference."""
+    try:
+        return PATCH.pick(Target(None, name), original).swaps[0].new, None
+    except Refused as exc:
+        return None, str(exc)

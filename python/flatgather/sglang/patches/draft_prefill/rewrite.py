@@ -1,6 +1,6 @@
 """The rewrite of ``EagleDraftWorker._draft_extend_for_prefill``'s syntax
-tree: the rotation loop :mod:`~flatgather.sglang.draft_prefill.match` found becomes
-the call of :func:`~flatgather.sglang.draft_prefill.rotate.rotate` with the loop as
+tree: the rotation loop :mod:`~flatgather.sglang.patches.draft_prefill.match` found becomes
+the call of :func:`~flatgather.sglang.patches.draft_prefill.rotate.rotate` with the loop as
 its fallback (:func:`replace_loop`), and ``<fb>.return_logprob = False`` goes
 in after ``ForwardBatch.init_new`` where the release lacks it
 (:func:`add_no_logprob`, SGLang PR #21589's second fix). Each edits a copy of
@@ -8,7 +8,7 @@ the release's tree in place; new statements carry the line of the release's
 statement they stand for.
 
 Why the method is rewritten and not copied is told in
-:mod:`flatgather.sglang.draft_prefill`.
+:mod:`flatgather.sglang.patches.draft_prefill`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import ast
 from dataclasses import dataclass
 
 from flatgather.sglang import source
-from flatgather.sglang.draft_prefill.match import Loop, as_load, walk_scope
+from flatgather.sglang.patches.draft_prefill.match import Loop, as_load, walk_scope
 
 __all__ = ["Names", "add_no_logprob", "replace_loop"]
 
@@ -76,7 +76,7 @@ class Names:
 
 
 def replace_loop(tree: ast.FunctionDef, loop: Loop, names: Names) -> ast.If:
-    """Put the call of :func:`~flatgather.sglang.draft_prefill.rotate.rotate` (by
+    """Put the call of :func:`~flatgather.sglang.patches.draft_prefill.rotate.rotate` (by
     ``names.rotate``), with the release's loop as its fallback, in place of
     the loop; returns the new ``if``::
 

@@ -18,7 +18,7 @@ are patched on the class, which is what the scheduler calls.
 
 How, and why this way
 ---------------------
-As :mod:`flatgather.sglang.draft_prefill` does, :func:`prepare` rewrites the
+As :mod:`flatgather.sglang.patches.draft_prefill` does, :class:`PrefillResult` rewrites the
 release's own syntax tree and changes one thing:
 
 1. The release's method is driven first, with stand-ins for everything it
@@ -81,8 +81,8 @@ import importlib
 import types
 
 from flatgather.sglang import source
-from flatgather.sglang.patching import Patch, Prepared, never_raises
-from flatgather.sglang.prefill_result.harness import (
+from flatgather.sglang.patches.prefill_result.check import verify
+from flatgather.sglang.patches.prefill_result.harness import (
     Harness,
     Raised,
     Request,
@@ -90,70 +90,26 @@ from flatgather.sglang.prefill_result.harness import (
     compare_without_skipped,
     skip_advances,
 )
-from flatgather.sglang.prefill_result.match import _find_shape
-from flatgather.sglang.prefill_result.names import FIX, METHOD, MODULES
-from flatgather.sglang.prefill_result.rewrite import _rewrite
+from flatgather.sglang.patches.prefill_result.match import _find_shape
+from flatgather.sglang.patches.prefill_result.names import FIX, METHOD, MODULES
+from flatgather.sglang.patches.prefill_result.rewrite import _rewrite
+from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target, Unneeded
 
 __all__ = [
     "FIX",
     "METHOD",
     "MODULES",
+    "PATCH",
     "Harness",
+    "PrefillResult",
     "Raised",
     "Request",
     "_Record",
     "compare_without_skipped",
     "owner_of",
-    "prepare",
     "release_module",
     "skip_advances",
 ]
-
-_r = Request
-
-# --- the check and prepare --------------------------------------------------------------------
-
-
-# (requests, batch.return_logprob): every request that is not skipped must
-# get what the release's method gives it without the skipped ones.
-_CASES: tuple[tuple[tuple[Request, ...], bool], ...] = (
-    ((_r(3, 0), _r(4, 1, top=2, token_ids=True), _r(2, 0, return_logprob=False)), True),
-    ((_r(3, 0, skipped="retracted"), _r(4, 1, top=1), _r(5, 5)), True),
-    ((_r(3, 1), _r(2, 0, skipped="finished"), _r(4, 0, middle_chunk=True), _r(3, 2)), True),
-    ((_r(2, 0), _r(5, 2, return_logprob=False), _r(3, 0, skipped="retracted")), True),
-    (
-        (
-            _r(2, 0, top=1),
-            _r(3, 0, skipped="finished"),
-            _r(4, 1, skipped="retracted", middle_chunk=True),
-            _r(3, 0, token_ids=True),
-        ),
-        True,
-    ),
-    ((_r(4, 4, skipped="retracted"), _r(3, 0), _r(2, 0, skipped="finished")), True),
-    # A middle chunk right before a skipped request: the advance over the
-    # skipped one starts where the chunk's own branch leaves the cursor.
-    (
-        (
-            _r(4, 1, top=1, middle_chunk=True),
-            _r(3, 0, skipped="retracted"),
-            _r(2, 0, token_ids=True),
-            _r(3, 1, middle_chunk=True),
-            _r(2, 0, skipped="finished"),
-            _r(3, 0),
-        ),
-        True,
-    ),
-    ((_r(3, 0), _r(2, 0, skipped="retracted"), _r(4, 1)), False),
-)
-
-
-def _verify(harness: Harness, ours, stock) -> str | None:
-    for specs, return_logprob in _CASES:
-        problem = compare_without_skipped(harness, ours, stock, specs, return_logprob)
-        if problem:
-            return problem
-    return None
 
 
 def release_module() -> types.ModuleType:
@@ -180,44 +136,60 @@ def owner_of(module) -> type | str:
     return owners[0]
 
 
-@never_raises(lambda module: f"{module.__name__}.{METHOD}")
-def prepare(module) -> Prepared:
-    """The patch of ``module``'s ``process_batch_result_prefill`` (the mixin's
-    or the batch result processor's): its skip branch advances the input
-    logprob cursor, verified against the release's own method; nothing where
-    the release already advances it. Never raises: whatever cannot be done
-    is a note, and the method stays as shipped."""
-    return _prepare(module)
+class PrefillResult(Patch):
+    """``process_batch_result_prefill`` (the mixin's or the batch result
+    processor's): its skip branch advances the input logprob cursor,
+    verified against the release's own method; nothing where the release
+    already advances it."""
 
+    name = FIX
+    modules = MODULES
 
-def _prepare(module) -> Prepared:
-    owner = owner_of(module)
-    if isinstance(owner, str):
-        return Prepared.refused(owner)
-    where = f"{owner.__name__}.{METHOD}"
-    stock = vars(owner)[METHOD]
-    if not isinstance(stock, types.FunctionType):
-        return Prepared.refused(f"{where} left stock: it is not a plain function")
-    harness = Harness(owner, module)
-    verdict = skip_advances(harness, stock)
-    if verdict is True:
-        return Prepared()  # the release advances the cursor itself: left as shipped
-    if isinstance(verdict, str):
-        return Prepared.refused(f"{where} left stock: {verdict}")
-    try:
-        method = source.parse_undecorated_method(owner, METHOD)
-    except source.SourceMismatch as exc:
-        return Prepared.refused(f"{where} left stock (SGLang issue #36938 unfixed): {exc}")
-    tree = copy.deepcopy(method.tree)
-    shape = _find_shape(owner, tree)
-    if isinstance(shape, str):
-        return Prepared.refused(f"{where} left stock (SGLang issue #36938 unfixed): {shape}")
-    _rewrite(shape)
-    patched = source.build_method(method, tree, {})
-    problem = _verify(harness, patched, stock)
-    if problem:
-        return Prepared.refused(
-            f"{where} left stock (SGLang issue #36938 unfixed): checked against the "
-            f"release's own method, {problem}"
+    def locate(self, module):
+        owner = owner_of(module)
+        if isinstance(owner, str):
+            raise Refused(owner)
+        return [Target(owner, METHOD, module)]
+
+    def prove(self, target):
+        """The release's method, driven on stand-ins: it does not advance
+        the cursor over a skipped request (else :class:`Unneeded`); its
+        source, proven, and the shape of its loop, matched."""
+        owner = target.owner
+        stock = vars(owner)[METHOD]
+        if not isinstance(stock, types.FunctionType):
+            raise Refused("it is not a plain function")
+        harness = Harness(owner, target.module)
+        verdict = skip_advances(harness, stock)
+        if verdict is True:
+            raise Unneeded  # the release advances the cursor itself
+        if isinstance(verdict, str):
+            raise Refused(verdict)
+        try:
+            method = source.parse_undecorated_method(owner, METHOD)
+        except source.SourceMismatch as exc:
+            raise Refused(str(exc)) from None
+        tree = copy.deepcopy(method.tree)
+        shape = _find_shape(owner, tree)
+        if isinstance(shape, str):
+            raise Refused(shape)
+        return harness, stock, method, tree, shape
+
+    def build(self, target, proof):
+        _, _, method, tree, shape = proof
+        _rewrite(shape)
+        patched = source.build_method(method, tree, {})
+        yield Candidate(
+            swaps=(Swap(target.owner, METHOD, patched),), applied=(FIX,), backports=(FIX,)
         )
-    return Prepared(patches=[Patch(owner, METHOD, patched)], applied=(FIX,), backports=(FIX,))
+
+    def check(self, target, proof, candidate):
+        harness, stock = proof[:2]
+        problem = verify(harness, candidate.swaps[0].new, stock)
+        return problem and f"checked against the release's own method, {problem}"
+
+    def refusal(self, target, why):
+        return f"{target.where} left stock (SGLang issue #36938 unfixed): {why}"
+
+
+PATCH = PrefillResult()

@@ -21,7 +21,7 @@ installed function's own syntax tree:
 
 1. :func:`flatgather.sglang.source.parse_method` reads the method's source and
    proves that it compiles to the very code object that runs.
-2. A small structural matcher (:mod:`~flatgather.sglang.draft_prefill.match`) finds
+2. A small structural matcher (:mod:`~flatgather.sglang.patches.draft_prefill.match`) finds
    the rotation loop, in whichever of the shapes the releases use (in place
    into ``batch.input_ids``; into a new tensor the release allocated; with
    or without the ``mm_input_embeds`` rotation), binding each placeholder
@@ -30,7 +30,7 @@ installed function's own syntax tree:
    elsewhere in the method, leaves the rotation stock, with a note saying
    why.
 3. Only that ``for`` statement is replaced
-   (:mod:`~flatgather.sglang.draft_prefill.rewrite`)::
+   (:mod:`~flatgather.sglang.patches.draft_prefill.rewrite`)::
 
        lens = LENS
        end = flatgather_rotate(src=SRC, ..., lens=lens, pt=pt) if flatgather_takes(lens) else None
@@ -41,10 +41,10 @@ installed function's own syntax tree:
 
    The lengths are evaluated once, as the release's ``for`` evaluates them;
    the source, tails and destinations only where the release's loop would
-   iterate at least once (:func:`~flatgather.sglang.draft_prefill.rotate.takes`: two
+   iterate at least once (:func:`~flatgather.sglang.patches.draft_prefill.rotate.takes`: two
    requests or more), in the order its first iteration evaluates them.
 
-   :func:`~flatgather.sglang.draft_prefill.rotate.rotate` takes only inputs it
+   :func:`~flatgather.sglang.patches.draft_prefill.rotate.rotate` takes only inputs it
    reproduces exactly (positive lengths that sum to the rows of
    ``input_ids``, one tail per request, one device, and so on); for anything
    else it returns None before touching a tensor and the release's own loop
@@ -52,7 +52,7 @@ installed function's own syntax tree:
    capturing a graph. Every other line of the method, the tail tokens of
    ``_eagle_prefill_tail_tokens`` included, runs as shipped, with the
    release's line numbers in tracebacks.
-4. Before anything is patched (:mod:`~flatgather.sglang.draft_prefill.check`), the
+4. Before anything is patched (:mod:`~flatgather.sglang.patches.draft_prefill.check`), the
    release's block (the statements of the method up to the one holding the
    loop) and the rewritten block are compiled on their own and run side by
    side on small CPU batches (one request, lengths of one, several
@@ -68,19 +68,20 @@ lack it (0.5.10): when no ``<fb>.return_logprob = False`` follows
 ``<fb> = ForwardBatch.init_new(...)``, that statement is inserted right after
 it, so the draft forward does not compute logprobs the target batch asked
 for. Either change can be refused on its own; both go into one rebuilt
-function, one :class:`~flatgather.sglang.patching.Patch`.
+function, one :class:`~flatgather.sglang.patching.Swap`.
 
 Where each part lives
 ---------------------
-- this module: the names of what is patched, and :func:`prepare`, which
-  runs the steps above and hands :mod:`flatgather.sglang` the patch;
-- :mod:`~flatgather.sglang.draft_prefill.rotate`: what runs in the server on each
+- this module: the names of what is patched, and :class:`DraftPrefill`,
+  the patch, whose steps (:class:`~flatgather.sglang.patching.Patch`) are
+  the ones above;
+- :mod:`~flatgather.sglang.patches.draft_prefill.rotate`: what runs in the server on each
   prefill step (``rotate`` and ``takes``), the only part the patched method
   calls;
-- :mod:`~flatgather.sglang.draft_prefill.match`: the matcher (step 2);
-- :mod:`~flatgather.sglang.draft_prefill.rewrite`: the new syntax tree (step 3 and
+- :mod:`~flatgather.sglang.patches.draft_prefill.match`: the matcher (step 2);
+- :mod:`~flatgather.sglang.patches.draft_prefill.rewrite`: the new syntax tree (step 3 and
   the backport);
-- :mod:`~flatgather.sglang.draft_prefill.check`: the check against the release's
+- :mod:`~flatgather.sglang.patches.draft_prefill.check`: the check against the release's
   own block (step 4);
 - :func:`flatgather.sglang.source.parse_method` and
   :func:`~flatgather.sglang.source.build_method`: reading the release's
@@ -92,27 +93,27 @@ from __future__ import annotations
 import copy
 
 from flatgather.sglang import source
-from flatgather.sglang.draft_prefill import check as draft_check
-from flatgather.sglang.draft_prefill import match as draft_match
-from flatgather.sglang.draft_prefill import rewrite as draft_rewrite
-from flatgather.sglang.draft_prefill.rotate import rotate, takes
-from flatgather.sglang.patching import Patch, Prepared, never_raises
+from flatgather.sglang.patches.draft_prefill import check as draft_check
+from flatgather.sglang.patches.draft_prefill import match as draft_match
+from flatgather.sglang.patches.draft_prefill import rewrite as draft_rewrite
+from flatgather.sglang.patches.draft_prefill.rotate import rotate, takes
+from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target
 
 __all__ = [
     "BACKPORT",
     "METHOD",
     "MODULE",
     "OWNER",
+    "PATCH",
     "ROTATION",
     "WHERE",
-    "DraftPatch",
-    "prepare",
+    "DraftPrefill",
     "rotate",
     "takes",
 ]
 
 MODULE = "sglang.srt.speculative.eagle_worker_v2"
-"""The module of the V2 draft worker; :func:`prepare` runs when it is imported."""
+"""The module of the V2 draft worker; the patch is prepared when it is imported."""
 OWNER = "EagleDraftWorker"
 METHOD = "_draft_extend_for_prefill"
 WHERE = f"{OWNER}.{METHOD}"
@@ -123,57 +124,74 @@ BACKPORT = "draft-prefill-no-logprob"
 """SGLang PR #21589's second fix: the draft forward without logprobs."""
 
 
-DraftPatch = Prepared
-"""What :func:`prepare` returns (see :class:`~flatgather.sglang.patching.Prepared`)."""
+class DraftPrefill(Patch):
+    """``EagleDraftWorker._draft_extend_for_prefill``: the rotation gather
+    and, where the method lacks it, the ``return_logprob`` backport, each
+    verified or refused on its own."""
 
+    name = ROTATION
+    modules = (MODULE,)
 
-@never_raises(lambda module: WHERE)
-def prepare(module) -> DraftPatch:
-    """The patch of ``module``'s (``eagle_worker_v2``'s)
-    ``EagleDraftWorker._draft_extend_for_prefill``: the rotation gather and,
-    where the method lacks it, the ``return_logprob`` backport, each verified
-    or refused on its own. Never raises: whatever cannot be done is a note,
-    and the method stays stock."""
-    return _prepare(module)
+    def locate(self, module):
+        owner = getattr(module, OWNER, None)
+        if not isinstance(owner, type):
+            raise Refused(f"{MODULE} has no class {OWNER}: nothing patched there")
+        return [Target(owner, METHOD)]
 
+    def prove(self, target):
+        try:
+            return source.parse_undecorated_method(target.owner, METHOD)
+        except source.SourceMismatch as exc:
+            raise Refused(str(exc)) from None
 
-def _prepare(module) -> DraftPatch:
-    owner = getattr(module, OWNER, None)
-    if not isinstance(owner, type):
-        return DraftPatch.refused(f"{MODULE} has no class {OWNER}: nothing patched there")
-    try:
-        method = source.parse_undecorated_method(owner, METHOD)
-    except source.SourceMismatch as exc:
-        return DraftPatch.refused(f"{WHERE} left stock: {exc}")
-    notes, applied, closure = [], [], {}
-    names = draft_rewrite.Names.fresh(method)
-    tree = copy.deepcopy(method.tree)
-    loop = draft_match.find_loop(method, tree)
-    problem = loop if isinstance(loop, str) else None
-    if problem is None:
-        k = draft_match.top_index(tree, loop.node)
-        branch = draft_rewrite.replace_loop(tree, loop, names)
-        gather = {names.rotate: rotate, names.takes: takes}
-        problem = draft_check.verify(method, loop, tree, k, branch, names, gather)
-        if problem is None:
-            closure = gather
-            applied.append(ROTATION)
+    def build(self, target, method):
+        """The rotation gather with the backport, then the backport alone."""
+        notes = []
+        names = draft_rewrite.Names.fresh(method)
+        tree = copy.deepcopy(method.tree)
+        loop = draft_match.find_loop(method, tree)
+        if isinstance(loop, str):
+            notes.append(f"{WHERE}: the rotation loop left stock: {loop}")
         else:
-            problem = f"checked against the release's own loop, {problem}"
-            tree = copy.deepcopy(method.tree)
-    if problem is not None:
-        notes.append(f"{WHERE}: the rotation loop left stock: {problem}")
-    backport = draft_rewrite.add_no_logprob(tree)
-    if isinstance(backport, str):
-        notes.append(f"{WHERE}: the return_logprob backport not applied: {backport}")
-    elif backport:
-        applied.append(BACKPORT)
-    if not applied:
-        return DraftPatch(notes=tuple(notes))
-    function = source.build_method(method, tree, closure)
-    return DraftPatch(
-        patches=[Patch(owner, METHOD, function)],
-        applied=tuple(applied),
-        backports=(BACKPORT,) if BACKPORT in applied else (),
-        notes=tuple(notes),
-    )
+            k = draft_match.top_index(tree, loop.node)
+            branch = draft_rewrite.replace_loop(tree, loop, names)
+            gather = {names.rotate: rotate, names.takes: takes}
+            # The check runs the rotated tree as it is; the backport goes
+            # into a copy (it may add a statement before the loop's).
+            yield self._candidate(
+                method,
+                copy.deepcopy(tree),
+                gather,
+                [ROTATION],
+                gives_up="the rotation loop left stock",
+                detail=(loop, tree, k, branch, names, gather),
+            )
+        yield self._candidate(method, copy.deepcopy(method.tree), {}, [], notes=notes)
+
+    @staticmethod
+    def _candidate(method, tree, closure, applied, notes=(), **more) -> Candidate:
+        notes = list(notes)
+        backport = draft_rewrite.add_no_logprob(tree)
+        if isinstance(backport, str):
+            notes.append(f"{WHERE}: the return_logprob backport not applied: {backport}")
+        elif backport:
+            applied.append(BACKPORT)
+        if not applied:
+            return Candidate(notes=tuple(notes))
+        function = source.build_method(method, tree, closure)
+        return Candidate(
+            swaps=(Swap(method.owner, METHOD, function),),
+            applied=tuple(applied),
+            backports=(BACKPORT,) if BACKPORT in applied else (),
+            notes=tuple(notes),
+            **more,
+        )
+
+    def check(self, target, method, candidate):
+        if candidate.detail is None:
+            return None  # the backport alone: the release's lines and one assignment
+        problem = draft_check.verify(method, *candidate.detail)
+        return problem and f"checked against the release's own loop, {problem}"
+
+
+PATCH = DraftPrefill()

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from flatgather.sglang import source
-from flatgather.sglang.prefill_result.names import COUNT
+from flatgather.sglang.patches.prefill_result.names import COUNT
 
 # --- the shape of the method ------------------------------------------------------------------
 

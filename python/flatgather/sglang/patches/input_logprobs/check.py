@@ -1,10 +1,7 @@
-"""Which token-id input-logprob functions of the running release to replace,
-and the proof, before anything is patched, that each replacement does what
-the release's function does.
+"""The check, before anything is patched, that a replacement of a token-id
+input-logprob function does what the release's function does.
 
-:func:`prepare` looks for the functions where their callers look them up (the
-module globals of ``logits_processor`` and, from 0.5.16 on,
-``logprob_processor``), then calls the release's own function and the
+:func:`verify` calls the release's own function and the
 replacement side by side on small CPU chunks chosen so that every point on
 which releases differ shows: requests with nothing to score, no ids, an
 empty id list, ragged and negative ids; a chunk boundary inside a request,
@@ -15,10 +12,8 @@ type of what it raises) and everything it leaves in the output lists:
 values, Python types, nesting, and the id lists themselves (the release
 appends the request's own list object, once per row).
 
-The older releases (0.5.10 to 0.5.15) append nothing for a request that gets
-no values, and nothing at all for an empty chunk: both walks are tried, and
-the one that matches on every case is used. A function that neither matches
-is left stock, with a note naming the first difference.
+The cases of the chunk function are :data:`CASES`; the whole-batch function
+has its own, :data:`WHOLE_CASES`.
 """
 
 from __future__ import annotations
@@ -31,26 +26,17 @@ from dataclasses import dataclass
 
 import torch
 
-from flatgather.sglang import shapes
 from flatgather.sglang.check import Answered, side_by_side
 from flatgather.sglang.compare import first_difference
-from flatgather.sglang.input_logprobs import CHUNK, PREFILL, Walk, make_chunk, make_prefill
-from flatgather.sglang.patching import Patch, Prepared
 
-__all__ = ["MODULES", "TOKEN_IDS", "prepare"]
-
-MODULES = ("sglang.srt.layers.logits_processor", "sglang.srt.layers.logprob_processor")
-"""Where the callers of the functions look them up."""
-
-TOKEN_IDS = "input-token-ids-logprobs"
-"""The name of this patch in the install report."""
+__all__ = ["CASES", "WHOLE_CASES", "verify"]
 
 VOCAB = 11
 
 # (pruned lengths, ids per request, rows of the chunk, split, whether the
 # gather must answer): the chunk cases.
 _IDS = ([3, 1], None, [], [2, -1, 2, 10], [0], [-11, 5, 4])
-_CASES = (
+CASES = (
     ([2, 3, 1], [_IDS[0], _IDS[3], _IDS[4]], 6, 0, True),  # every row, ragged ids
     ([2, 0, 3, 2], [_IDS[0], _IDS[0], _IDS[5], _IDS[3]], 7, 0, True),  # nothing to score
     ([3, 2, 4], [_IDS[0], _IDS[1], _IDS[3]], 9, 0, True),  # no ids
@@ -65,7 +51,7 @@ _CASES = (
 )
 # The whole-batch function: the releases fail on a request without ids there
 # and truncate past the rows; both go to the release's own code.
-_WHOLE_CASES = (
+WHOLE_CASES = (
     ([2, 3, 1], [_IDS[0], _IDS[3], _IDS[4]], 6, 0, True),
     ([2, 0, 3, 2], [_IDS[0], _IDS[1], _IDS[5], _IDS[2]], 7, 0, True),
     ([3, 2], [_IDS[0], _IDS[1]], 5, 0, False),
@@ -150,7 +136,10 @@ def _where(call) -> str:
     )
 
 
-def _verify(original, replacement, gathers: Answered, cases, chunk: bool) -> str | None:
+def verify(original, replacement, gathers: Answered, cases, chunk: bool) -> str | None:
+    """None when ``replacement`` answers as ``original`` on every case of
+    ``cases`` (and gathers, counted by ``gathers``, where the case says it
+    must); else the first difference."""
     keywords = set(original.__code__.co_varnames[: original.__code__.co_argcount])
     return side_by_side(
         original,
@@ -162,57 +151,3 @@ def _verify(original, replacement, gathers: Answered, cases, chunk: bool) -> str
         where=_where,
         compare=first_difference,
     )
-
-
-def _candidates(name: str, original, gathers: Answered):
-    """The replacements to try for ``original``, each with its walk."""
-    if name == PREFILL:
-        return [make_prefill(original, gathers)]
-    to_host = original.__globals__.get("async_d2h")
-    return [make_chunk(original, Walk(skip_empty=skip), to_host, gathers) for skip in (False, True)]
-
-
-def prepare(modules) -> Prepared:
-    """The patches of the token-id logprob functions found in ``modules``
-    (imported modules, by name), each verified against the release's own
-    function; never raises."""
-    patches, notes = [], []
-    for module in modules:
-        for name in (CHUNK, PREFILL):
-            original = vars(module).get(name)
-            if not isinstance(original, types.FunctionType):
-                continue
-            where = f"{module.__name__}.{name}"
-            chunk = name == CHUNK
-            gathers = Answered()
-            replacement, problem = None, None
-            try:
-                for candidate in _candidates(name, original, gathers):
-                    found = _verify(
-                        original, candidate, gathers, _CASES if chunk else _WHOLE_CASES, chunk
-                    )
-                    if found is None:
-                        replacement = candidate
-                        break
-                    problem = problem or found
-            except Exception as exc:
-                replacement, problem = None, f"{type(exc).__name__}: {exc}"
-            if replacement is None:
-                notes.append(f"{where} left stock: {problem}")
-                continue
-            # Its side-by-side check passed on its cases; the code must also
-            # be code the test matrix runs (shapes.py).
-            try:
-                shapes.known(name, None, original)
-            except shapes.UnknownShape as exc:
-                notes.append(f"{where} left stock: {exc}")
-                continue
-            # The one that goes into service counts nothing.
-            if chunk:
-                to_host = original.__globals__.get("async_d2h")
-                replacement = make_chunk(original, replacement.__flatgather__, to_host)
-            else:
-                replacement = make_prefill(original)
-            patches.append(Patch(module, name, replacement))
-    applied = (TOKEN_IDS,) if patches else ()
-    return Prepared(patches=patches, applied=applied, notes=tuple(notes))

@@ -4,7 +4,7 @@ place of its per-request rotation loop, on every prefill step of the server:
 :func:`rotate` gathers, or hands the batch back to the release's own loop.
 
 How the method is rewritten to call these, and why, is told in
-:mod:`flatgather.sglang.draft_prefill`.
+:mod:`flatgather.sglang.patches.draft_prefill`.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ It also checks, on the same batches, that:
   result flows into ``_get_hidden_states_to_store`` and nowhere else (read
   off its bytecode). If either fails, lazy aux pruning stays off;
 * under FULL capture the release's store reads no pruned aux row: it is
-  handed a :class:`~flatgather.sglang.pruned_states.LazyAuxPruned`, which
+  handed a :class:`~flatgather.sglang.patches.pruned_states.lazy_aux.LazyAuxPruned`, which
   fails on any use, and must store what it stores from the full result.
   Only then does FULL capture gather no aux row.
 
@@ -57,17 +57,16 @@ from types import ModuleType
 import torch
 
 from flatgather.sglang.compare import first_difference
-from flatgather.sglang.pruned_states import (
-    Contract,
+from flatgather.sglang.patches.pruned_states.gather import Contract, make_pruned_states
+from flatgather.sglang.patches.pruned_states.lazy_aux import (
     LazyGate,
     lazy_scope,
     make_hidden_states_to_store,
-    make_pruned_states,
     store_problem,
 )
 from flatgather.sglang.unpinned import Unpinned, first_run, within
 
-__all__ = ["ProbeFailed", "Verdict", "run"]
+__all__ = ["Derived", "ProbeFailed", "Verdict", "derive", "run", "verify"]
 
 HIDDEN = 4
 LAYERS = 2
@@ -438,22 +437,41 @@ def _check_lazy(release: _Release, contract: Contract) -> tuple[str | None, str 
     return None, full_problem
 
 
-def run(logits_processor: ModuleType) -> Verdict:
-    """Derive the running release's contract and verify flatgather against
-    it. Raises :class:`ProbeFailed` naming the first difference."""
+@dataclass
+class Derived:
+    """What :func:`derive` found: the release, as the probe calls it, and
+    the contract its answers fit."""
+
+    release: _Release
+    contract: Contract
+    started: float
+    """When the probe began (``time.perf_counter()``)."""
+
+
+def derive(logits_processor: ModuleType) -> Derived:
+    """The running release's contract, read off its own answers. Raises
+    :class:`ProbeFailed` where its function cannot be probed."""
     started = time.perf_counter()
     try:
         release = _Release(logits_processor, None)
 
-        def derive(no_pin: Unpinned | None) -> Contract:
+        def derive_once(no_pin: Unpinned | None) -> Contract:
             release.no_pin = no_pin
             return _derive(release)
 
-        contract, _ = first_run(derive)
+        contract, _ = first_run(derive_once)
     except Exception as exc:
         raise ProbeFailed(
             f"the release's _get_pruned_states could not be probed: {type(exc).__name__}: {exc}"
         ) from exc
+    return Derived(release, contract, started)
+
+
+def verify(derived: Derived) -> Verdict:
+    """flatgather under the derived contract against the release, on every
+    batch; then lazy aux pruning. Raises :class:`ProbeFailed` naming the
+    first difference."""
+    release, contract = derived.release, derived.contract
     no_pin = release.no_pin
     ours = make_pruned_states(release.pruned_states, contract)
     cases = 0
@@ -487,7 +505,13 @@ def run(logits_processor: ModuleType) -> Verdict:
         lazy_full=lazy_problem is None and full_problem is None,
         lazy_full_note=full_problem or "",
         cases=cases,
-        seconds=time.perf_counter() - started,
+        seconds=time.perf_counter() - derived.started,
         pin_neutralised=bool(no_pin and no_pin.hits),
         metadata_note=release.by_hand_note,
     )
+
+
+def run(logits_processor: ModuleType) -> Verdict:
+    """Derive the running release's contract and verify flatgather against
+    it. Raises :class:`ProbeFailed` naming the first difference."""
+    return verify(derive(logits_processor))

@@ -29,7 +29,7 @@ CUDA-graph capture, ids that are not lists of ints or lie outside the
 vocabulary, a request without ids where the release fails on it, rows past
 the logprobs where it silently truncates, arguments it does not know.
 Which functions are patched, and how each walks its requests, is decided
-and verified at install by :mod:`flatgather.sglang.input_logprobs.check`.
+and verified at install by :mod:`flatgather.sglang.patches.input_logprobs`.
 """
 
 from __future__ import annotations

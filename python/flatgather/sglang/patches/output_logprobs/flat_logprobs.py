@@ -26,7 +26,7 @@ sees per-row tensors, so every mix of patched and stock stages gives the
 release's answer (a partial install, an uninstall between two stages).
 
 Stages 2 and 3 are the release's own methods with only their per-row
-comprehensions replaced (:mod:`flatgather.sglang.spec_logprobs_check`): each
+comprehensions replaced (:mod:`flatgather.sglang.patches.output_logprobs`): each
 ``[elt(v) for v in rows]`` becomes ``rows_to_host(rows, lambda v: elt)`` or
 ``rows_tolist(rows, lambda v: elt)``, which apply the release's own ``elt``
 to the flat tensor once (its pinned copy with ``record_stream``, its

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import copy
 
-from flatgather.sglang.prefill_result.match import _Shape
+from flatgather.sglang.patches.prefill_result.match import _Shape
 
 
 def _placed(node: ast.AST, like: ast.AST) -> ast.AST:

@@ -1,10 +1,12 @@
-"""Where the output-logprob chain of the running release lives, and the
-proof, before anything is patched, that flatgather's chain gives exactly the
-release's answer (see :mod:`flatgather.sglang.spec_logprobs`).
+"""The output logprobs of decode and speculative verify steps, handed from
+the device to the scheduler flat (what runs:
+:mod:`~flatgather.sglang.patches.output_logprobs.flat_logprobs`), where the
+running release keeps them, and the proof, before anything is patched, that
+flatgather's chain gives exactly the release's answer.
 
-Two kinds of patch, each prepared when its module is imported:
+Two patches, each prepared when its module is imported:
 
-* **producers** (:func:`prepare_producers`): ``get_top_logprobs`` and
+* **producers** (:class:`~.producers.Producers`): ``get_top_logprobs`` and
   ``get_token_ids_logprobs`` are replaced in the module globals where their
   callers look them up (``logprob_processor`` from 0.5.16 on,
   ``layers/utils/logprob`` and ``sampler`` before, and 0.5.10's
@@ -18,7 +20,7 @@ Two kinds of patch, each prepared when its module is imported:
   chain (a host copy and ``.tolist()`` per row) makes of it. The two ways
   the releases fill a row without ids (an empty list up to 0.5.20, an empty
   tensor since) are both tried; the one that matches is used.
-* **the chain** (:func:`prepare_consumers`): ``GenerationBatchResult.copy_to_cpu``
+* **the chain** (:class:`~.consumers.Chain`): ``GenerationBatchResult.copy_to_cpu``
   and the scheduler methods that call ``.tolist()`` per row are rebuilt from
   the release's own source, proven to be the running code
   (:func:`flatgather.sglang.source.parse_method`), with only the per-row
@@ -46,15 +48,16 @@ Two kinds of patch, each prepared when its module is imported:
 
 from __future__ import annotations
 
-from flatgather.sglang.spec_logprobs_check.consumers import (
+from flatgather.sglang.patches.output_logprobs.consumers import (
     COPY_HELPERS,
+    Chain,
     Rewrite,
     methods_with_loops,
-    prepare_consumers,
     rewrite,
     unknown_copy,
 )
-from flatgather.sglang.spec_logprobs_check.names import (
+from flatgather.sglang.patches.output_logprobs.consumers import PATCH as CHAIN
+from flatgather.sglang.patches.output_logprobs.names import (
     CONSUMER_CLASSES,
     CONSUMERS,
     FIELDS,
@@ -63,26 +66,29 @@ from flatgather.sglang.spec_logprobs_check.names import (
     TO_HOST,
     TOLIST,
 )
-from flatgather.sglang.spec_logprobs_check.producers import (
+from flatgather.sglang.patches.output_logprobs.producers import PATCH as PRODUCER
+from flatgather.sglang.patches.output_logprobs.producers import (
+    Producers,
     difference,
-    prepare_producers,
     producer,
 )
 
 __all__ = [
+    "CHAIN",
     "CONSUMERS",
     "CONSUMER_CLASSES",
     "COPY_HELPERS",
     "FIELDS",
+    "PRODUCER",
     "PRODUCERS",
     "PRODUCER_MODULES",
     "TOLIST",
     "TO_HOST",
+    "Chain",
+    "Producers",
     "Rewrite",
     "difference",
     "methods_with_loops",
-    "prepare_consumers",
-    "prepare_producers",
     "producer",
     "rewrite",
     "unknown_copy",

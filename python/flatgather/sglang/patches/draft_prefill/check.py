@@ -10,7 +10,7 @@ ends up where (in place or new) is reported, and so is a case where the
 gather should apply and does not. It costs a few milliseconds.
 
 Where the check sits in the patch is told in
-:mod:`flatgather.sglang.draft_prefill`.
+:mod:`flatgather.sglang.patches.draft_prefill`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import types
 import torch
 
 from flatgather.sglang import source
-from flatgather.sglang.draft_prefill.match import Loop, top_index
-from flatgather.sglang.draft_prefill.rewrite import Names
+from flatgather.sglang.patches.draft_prefill.match import Loop, top_index
+from flatgather.sglang.patches.draft_prefill.rewrite import Names
 
 __all__ = ["blocks", "probe_inputs", "verify"]
 
@@ -147,7 +147,7 @@ def verify(
     probe case (and the gather applies where it should); else what differs.
 
     ``rewritten`` is the method's tree after
-    :func:`~flatgather.sglang.draft_prefill.rewrite.replace_loop` (which returned
+    :func:`~flatgather.sglang.patches.draft_prefill.rewrite.replace_loop` (which returned
     ``branch``), ``k`` the index of the statement of the release's body that
     holds ``loop``, and ``closure`` what the rewritten method will call by
     ``names``: the very functions checked here."""
