@@ -143,9 +143,9 @@ def test_a_release_the_probe_refuses_warns_and_is_left_stock(tmp_path):
     code = textwrap.dedent(
         """
         from flatgather.sglang.patches.pruned_states import probe
-        def refuse(module):
+        def refuse(derived):
             raise probe.ProbeFailed("sample_indices: expected [3], got [4] (simulated)")
-        probe.run = refuse
+        probe.verify = refuse
         from sglang.srt.layers.logits_processor import LogitsProcessor
         fn = vars(LogitsProcessor)["_get_pruned_states"]
         print("patched" if hasattr(fn, "__flatgather__") else "unpatched")

@@ -223,16 +223,17 @@ def test_a_forward_may_call_flatgather_while_uninstall_waits_for_it(
     install lock: one that asks for the report, installs, or imports a module
     a patch waits for finishes, and then everything is restored."""
     if call == "a deferred module's import":
-        name = "flatgather_test_deferred_module"
-        (tmp_path / f"{name}.py").write_text("")
+        module_name = "flatgather_test_deferred_module"
+        (tmp_path / f"{module_name}.py").write_text("")
         monkeypatch.syspath_prepend(str(tmp_path))
-        monkeypatch.delitem(sys.modules, name, raising=False)
+        monkeypatch.delitem(sys.modules, module_name, raising=False)
         prepared = []
 
         class Recording(Patch):
             """A patch of a module of its own: it records the import."""
 
-            modules = (name,)
+            name = "recording"
+            modules = (module_name,)
 
             def prepare(self, module):
                 prepared.append(module)
@@ -242,7 +243,7 @@ def test_a_forward_may_call_flatgather_while_uninstall_waits_for_it(
         monkeypatch.setattr(installer, "all_patches", lambda: (*every(), Recording()))
 
         def action():
-            importlib.import_module(name)
+            importlib.import_module(module_name)
             return prepared
     else:
         action = getattr(fs, call)
@@ -269,7 +270,7 @@ def test_a_forward_may_call_flatgather_while_uninstall_waits_for_it(
     assert_same(result["out"], forwards.expected[0])
     assert not fs.is_installed() and dict(vars(LogitsProcessor)) == before
     if call == "a deferred module's import":
-        assert [m.__name__ for m in pause.on_resume_result] == [name]
+        assert [m.__name__ for m in pause.on_resume_result] == [module_name]
 
 
 def _try(fn):
