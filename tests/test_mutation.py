@@ -103,6 +103,7 @@ def test_a_middle_chunk_that_does_not_advance_the_cursor_is_refused(tmp_path, mo
     it; the check's case of a middle chunk before a skipped request
     refuses it. Without that case it was patched and silently different."""
     from flatgather.sglang.patches import prefill_result
+    from flatgather.sglang.patches.prefill_result import check
 
     target = next(t for t in TARGETS.values() if t.function == prefill_result.METHOD)
 
@@ -117,11 +118,11 @@ def test_a_middle_chunk_that_does_not_advance_the_cursor_is_refused(tmp_path, mo
     # Without the case of a middle chunk right before a skipped request.
     cases = [
         case
-        for case in prefill_result._CASES
+        for case in check.CASES
         if not any(a.middle_chunk and b.skipped for a, b in zip(case[0], case[0][1:], strict=False))
     ]
-    assert len(cases) < len(prefill_result._CASES)
-    monkeypatch.setattr(prefill_result, "_CASES", tuple(cases))
+    assert len(cases) < len(check.CASES)
+    monkeypatch.setattr(check, "CASES", tuple(cases))
     records = _judged(target, tmp_path, advances, cases=30)
     assert "silently different" in {r.verdict for r in records}, records
 

@@ -150,7 +150,9 @@ def test_a_step_that_fails_is_a_note_and_interrupts_go_through():
         raise RuntimeError("boom")
 
     result = Doubling(prove=boom).prepare(make_module())
-    assert result.swaps == [] and result.notes == (f"{MODULE}.double left stock: RuntimeError: boom",)
+    assert result.swaps == [] and result.notes == (
+        f"{MODULE}.double left stock: RuntimeError: boom",
+    )
 
     def interrupt():
         raise KeyboardInterrupt
@@ -185,7 +187,11 @@ def test_a_patch_of_a_module_imported_later_is_pending_then_applied(with_patch):
     assert module.double is times_two
     report = fs.installed_report()
     (applied,) = [p for p in report.patches if p.patch == "doubling"]
-    assert (applied.state, applied.applied, applied.notes) == ("applied", ("doubling",), ("vouched",))
+    assert (applied.state, applied.applied, applied.notes) == (
+        "applied",
+        ("doubling",),
+        ("vouched",),
+    )
     assert f"{MODULE}.double" in report.patched and MODULE not in report.pending
     assert fs.uninstall()
     assert module.double is not times_two and module.double(4) == 8

@@ -186,7 +186,9 @@ def test_a_timed_out_uninstall_leaves_the_gate_shut_for_another_that_waits(forwa
     wait_for_the_gate_to_close(state.about("pruned-states").gate)
     with pytest.raises(TimeoutError):
         fs.uninstall(timeout=0.05)
-    assert not state.about("pruned-states").gate._open  # the first uninstall() still waits behind it
+    assert not state.about(
+        "pruned-states"
+    ).gate._open  # the first uninstall() still waits behind it
     pause.resume.set()
     forward_thread.join(30)
     waiting.join(30)

@@ -344,7 +344,13 @@ def _store_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
             if trial.patched:
                 pruned = vars(cls)["_get_pruned_states"]
                 store = vars(cls)["_get_hidden_states_to_store"]
-                sides = (pruned, store, stock_pruned, mutant, installer._state.about("pruned-states").gate)
+                sides = (
+                    pruned,
+                    store,
+                    stock_pruned,
+                    mutant,
+                    installer._state.about("pruned-states").gate,
+                )
                 _compare_stores(trial, sides, rng, cases)
             return trial
         finally:

@@ -242,45 +242,37 @@ def install(
         release = sglang_release()
         state = _Installed(release)
         chosen = [p for p in (patch.configure(options) for patch in all_patches()) if p]
-        now: list[tuple[Patch, str, Prepared]] = []
-        later: list[tuple[Patch, str]] = []
-        for patch in chosen:
-            for name in patch.modules:
-                if patch.required:
-                    importlib.import_module(name)
-                if name in sys.modules:
-                    result = patch.prepare(sys.modules[name])
-                    if patch.required and not result.swaps:
-                        raise UnsupportedRelease(
-                            f"SGLang {release or '(unknown version)'}: {result.refusal}. "
-                            "Nothing was patched."
-                        )
-                    now.append((patch, name, result))
-                elif not _absent(name):
-                    later.append((patch, name))
-        contract = next((f.get("contract") for f in (_fields(p, r) for p, _, r in now) if f), None)
-        state.notes.extend(_table_notes(release, contract))
         _state = state
         try:
-            state.swaps.extend(apply_all([s for _, _, result in now for s in result.swaps]))
-            for patch, name, result in now:
-                state.record(patch, name, result)
-            for name, patch in ((name, patch) for patch, name in later):
-                on_import = functools.partial(_on_import, state, patch)
-                state.pending[(name, patch)] = on_import
-                _import_hooks.when_imported(name, on_import)
+            for patch in chosen:
+                for name in patch.modules:
+                    if patch.required:
+                        importlib.import_module(name)
+                    if name in sys.modules:
+                        # Applied before the next is prepared: a later patch
+                        # may rebuild what an earlier one rebuilt (the chain,
+                        # the #36938 fix's method up to 0.5.12).
+                        result = patch.prepare(sys.modules[name])
+                        if patch.required and not result.swaps:
+                            raise UnsupportedRelease(
+                                f"SGLang {release or '(unknown version)'}: {result.refusal}. "
+                                "Nothing was patched."
+                            )
+                        state.swaps.extend(apply_all(result.swaps))
+                        state.record(patch, name, result)
+                    elif not _absent(name) and (name, patch) not in state.pending:
+                        on_import = functools.partial(_on_import, state, patch)
+                        state.pending[(name, patch)] = on_import
+                        _import_hooks.when_imported(name, on_import)
         except BaseException:
             _state = None
             _cancel_pending(state)
             revert_all(state.swaps)
             raise
+        state.notes[:0] = _table_notes(release, state.fields.get("contract"))
         for note in state.notes:
             log.info("flatgather: %s", note)
         return state.report()
-
-
-def _fields(patch: Patch, result: Prepared) -> dict:
-    return patch.report(result.about) if result.swaps and result.about is not None else {}
 
 
 def _cancel_pending(state: _Installed) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "Target",
     "Unneeded",
     "apply_all",
+    "known_code",
     "revert_all",
 ]
 
@@ -169,6 +170,18 @@ class Prepared:
     @classmethod
     def refused(cls, note: str) -> Prepared:
         return cls(notes=(note,), refusal=note)
+
+
+def known_code(where: str, owner: type | None, name: Any) -> str:
+    """The vouching of code replaced whole: its fingerprint, found in
+    :data:`flatgather.sglang.shapes.KNOWN` under ``where`` (see
+    :func:`flatgather.sglang.shapes.known`), else :class:`Refused`."""
+    from flatgather.sglang import shapes
+
+    try:
+        return shapes.known(where, owner, name)
+    except shapes.UnknownShape as exc:
+        raise Refused(str(exc)) from None
 
 
 class Patch:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import types
 
-from flatgather.sglang import shapes
 from flatgather.sglang.check import Answered
 from flatgather.sglang.patches.input_logprobs.check import CASES, WHOLE_CASES, verify
 from flatgather.sglang.patches.input_logprobs.gather import (
@@ -26,7 +25,7 @@ from flatgather.sglang.patches.input_logprobs.gather import (
     make_chunk,
     make_prefill,
 )
-from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target
+from flatgather.sglang.patching import Candidate, Patch, Swap, Target, known_code
 
 __all__ = ["CHUNK", "MODULES", "PATCH", "PREFILL", "TOKEN_IDS", "InputLogprobs"]
 
@@ -83,10 +82,8 @@ class InputLogprobs(Patch):
         return verify(original, counted, gathers, CASES if chunk else WHOLE_CASES, chunk)
 
     def vouch(self, target, original):
-        try:
-            shapes.known(target.name, None, original)
-        except shapes.UnknownShape as exc:
-            raise Refused(str(exc)) from None
+        known_code(target.name, None, original)
+        return ()
 
     def where(self, module):
         return f"{module.__name__}: the token-id input logprobs"

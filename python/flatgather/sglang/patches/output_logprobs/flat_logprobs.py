@@ -186,6 +186,18 @@ def _eligible(logprobs, rows_list, no_copy_to_cpu) -> bool:
     return not (logprobs.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+def _planned(make, logprobs, rows_list, no_copy_to_cpu):
+    """The plan of this call (``make(rows_list, rows, vocab)``), or None
+    where the release's own function answers it."""
+    if not _eligible(logprobs, rows_list, no_copy_to_cpu):
+        return None
+    rows, vocab = logprobs.shape
+    try:
+        return make(rows_list, rows, vocab)
+    except PlanError:
+        return None
+
+
 def make_top_logprobs(original: Callable, on_answer: Callable[[], None] | None = None) -> Callable:
     """``get_top_logprobs(logprobs, top_logprobs_nums, no_copy_to_cpu=False)``
     whose answer with ``no_copy_to_cpu=True`` (the decode chain's) is the
@@ -195,13 +207,10 @@ def make_top_logprobs(original: Callable, on_answer: Callable[[], None] | None =
 
     @functools.wraps(original)
     def get_top_logprobs(logprobs, top_logprobs_nums, no_copy_to_cpu=False):
-        if not _eligible(logprobs, top_logprobs_nums, no_copy_to_cpu):
+        plan = _planned(SpecLogprobsPlan.top_k, logprobs, top_logprobs_nums, no_copy_to_cpu)
+        if plan is None:
             return original(logprobs, top_logprobs_nums, no_copy_to_cpu)
-        rows, vocab = logprobs.shape
-        try:
-            plan = SpecLogprobsPlan.top_k(top_logprobs_nums, rows, vocab)
-        except PlanError:
-            return original(logprobs, top_logprobs_nums, no_copy_to_cpu)
+        rows = logprobs.shape[0]
         # The release's own call: max(top_logprobs_nums) on the last dim.
         values, indices = logprobs.topk(plan.width, dim=-1)
         n = plan.num_rows
@@ -233,12 +242,8 @@ def make_token_ids_logprobs(
 
     @functools.wraps(original)
     def get_token_ids_logprobs(logprobs, token_ids_logprobs, no_copy_to_cpu=False):
-        if not _eligible(logprobs, token_ids_logprobs, no_copy_to_cpu):
-            return original(logprobs, token_ids_logprobs, no_copy_to_cpu)
-        rows, vocab = logprobs.shape
-        try:
-            plan = SpecLogprobsPlan.token_ids(token_ids_logprobs, rows, vocab)
-        except PlanError:
+        plan = _planned(SpecLogprobsPlan.token_ids, logprobs, token_ids_logprobs, no_copy_to_cpu)
+        if plan is None:
             return original(logprobs, token_ids_logprobs, no_copy_to_cpu)
         n = plan.num_values
         if n:

@@ -12,12 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from flatgather.sglang import shapes
 from flatgather.sglang.check import Answered, side_by_side
 from flatgather.sglang.compare import first_difference
 from flatgather.sglang.patches.output_logprobs import flat_logprobs
 from flatgather.sglang.patches.output_logprobs.names import PRODUCER_MODULES, PRODUCERS
-from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target
+from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target, known_code
 
 VOCAB = 24
 
@@ -200,10 +199,8 @@ class Producers(Patch):
         return Candidate(swaps=(Swap(target.owner, target.name, found),), applied=(PRODUCERS,))
 
     def vouch(self, target, original):
-        try:
-            shapes.known(target.name, None, original)
-        except shapes.UnknownShape as exc:
-            raise Refused(str(exc)) from None
+        known_code(target.name, None, original)
+        return ()
 
     def where(self, module):
         return f"{module.__name__}: the output logprobs"

@@ -38,7 +38,7 @@ from flatgather.sglang.patches.pruned_states.lazy_aux import (
     make_forward,
     make_hidden_states_to_store,
 )
-from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target
+from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target, known_code
 
 __all__ = [
     "MODULE",
@@ -167,10 +167,7 @@ class PrunedStates(Patch):
 
     def vouch(self, target, probed):
         """Known code; and how the probe ran, where that is worth saying."""
-        try:
-            shape = shapes.known(shapes.PRUNED_STATES, target.owner, METHOD)
-        except shapes.UnknownShape as exc:
-            raise Refused(str(exc)) from None
+        shape = known_code(shapes.PRUNED_STATES, target.owner, METHOD)
         seen_in = ", ".join(shapes.KNOWN[shapes.PRUNED_STATES][shape])
         notes = [f"{METHOD} is code the test matrix runs ({seen_in})"]
         verdict = probed.verdict
