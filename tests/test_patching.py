@@ -244,3 +244,25 @@ def test_an_option_turns_its_patches_off():
     assert "input-token-ids-logprobs" not in names
     assert not names & {"output-logprobs", "output-logprobs-chain"}
     assert "pruned-states" in names
+
+
+def test_a_module_still_running_its_own_code_is_patched_once_it_is_whole(with_patch, tmp_path):
+    """``install()`` called from inside an import cycle (a server's switch
+    installs when the logits processor is imported, which a module of the
+    chain imports half-way through its own code): that module's patch waits
+    until the module is whole."""
+    (tmp_path / f"{MODULE}.py").write_text(
+        "import flatgather.sglang\n"
+        "flatgather.sglang.install()\n"
+        "def double(x):\n"
+        "    return 2 * x\n"
+    )
+    (tmp_path / "flatgather_test_next_import.py").write_text("")
+    module = importlib.import_module(MODULE)
+    try:
+        importlib.import_module("flatgather_test_next_import")  # the next import fires it
+    finally:
+        sys.modules.pop("flatgather_test_next_import", None)
+    assert module.double is times_two
+    (applied,) = [p for p in fs.installed_report().patches if p.patch == "doubling"]
+    assert applied.state == "applied"

@@ -4,9 +4,10 @@ and the report.
 ``install()`` walks the patches (:func:`flatgather.sglang.patches.patches`),
 each a :class:`~flatgather.sglang.patching.Patch`, in order, and knows none
 of them by name. For each module a patch names: one already imported is
-prepared now (a required one, the pruning, is imported first); one that
-exists but is not imported yet is prepared when it is imported; one the
-installed SGLang does not have is skipped. What is prepared now is applied
+prepared and applied now (a required one, the pruning, is imported first);
+one that exists but is not imported yet (or is still running its own code,
+in an import cycle) is prepared when its import is done; one the installed
+SGLang does not have is skipped. What is prepared now is applied
 all together or not at all; a required patch that is refused refuses the
 release, and nothing is patched. Every patch is reported the same way (see
 :class:`PatchReport`). ``uninstall()`` reverts every swap in reverse order.
@@ -247,13 +248,8 @@ def install(
             for patch in chosen:
                 for name in patch.modules:
                     if patch.required:
-                        importlib.import_module(name)
-                    if name in sys.modules:
-                        # Applied before the next is prepared: a later patch
-                        # may rebuild what an earlier one rebuilt (the chain,
-                        # the #36938 fix's method up to 0.5.12).
-                        result = patch.prepare(sys.modules[name])
-                        if patch.required and not result.swaps:
+                        result = patch.prepare(importlib.import_module(name))
+                        if not result.swaps:
                             raise UnsupportedRelease(
                                 f"SGLang {release or '(unknown version)'}: {result.refusal}. "
                                 "Nothing was patched."
@@ -261,6 +257,10 @@ def install(
                         state.swaps.extend(apply_all(result.swaps))
                         state.record(patch, name, result)
                     elif not _absent(name) and (name, patch) not in state.pending:
+                        # Prepared and applied now if the module is whole, in
+                        # this order (a later patch may rebuild what an
+                        # earlier one rebuilt: the chain, the #36938 fix's
+                        # method up to 0.5.12); else once its import is done.
                         on_import = functools.partial(_on_import, state, patch)
                         state.pending[(name, patch)] = on_import
                         _import_hooks.when_imported(name, on_import)
