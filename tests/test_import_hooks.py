@@ -73,3 +73,32 @@ def test_a_whole_module_gets_its_callback_at_once(package):
     seen = []
     _import_hooks.when_imported("fg_cycle.outer", lambda m: seen.append(m))
     assert seen == [fg_cycle.outer]
+
+
+def test_a_callback_registered_by_a_callback_of_the_same_module_runs_at_once(tmp_path, monkeypatch):
+    """The switch installs from the callback on the logits processor, and
+    install() asks for a callback on that same module: its code has finished
+    (importlib still marks it initializing), so the new callback runs at once,
+    and the first one does not run a second time at the next import."""
+    (tmp_path / "fg_target.py").write_text("VALUE = 1\n")
+    (tmp_path / "fg_next.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    calls = []
+
+    def second(module):
+        calls.append(("second", module.VALUE))
+
+    def first(module):
+        calls.append(("first", module.VALUE))
+        _import_hooks.when_imported("fg_target", second)
+
+    _import_hooks.when_imported("fg_target", first)
+    try:
+        importlib.import_module("fg_target")
+        importlib.import_module("fg_next")
+        assert calls == [("first", 1), ("second", 1)]
+    finally:
+        _import_hooks.cancel("fg_target", first)
+        _import_hooks.cancel("fg_target", second)
+        sys.modules.pop("fg_target", None)
+        sys.modules.pop("fg_next", None)

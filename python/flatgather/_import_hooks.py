@@ -4,7 +4,8 @@ A finder placed first on ``sys.meta_path`` asks the other finders for the
 module's spec and wraps its loader, so that the callback runs on the fresh
 module once its code has executed, before the importer gets it back. Nothing
 is imported early, and a module that is already imported gets the callback at
-once. A module that is in ``sys.modules`` but still running its own code
+once (so does one whose callbacks are running: a callback may register
+another). A module that is in ``sys.modules`` but still running its own code
 (an import cycle: it imported, directly or not, the module whose import
 asked for the callback) is not whole yet: its callback waits until its code
 has finished, and runs at the next import after that. Used by the
@@ -54,6 +55,9 @@ class _Finder:
     def __init__(self) -> None:
         self._callbacks: dict[str, list[Callback]] = {}
         self._half_imported: set[str] = set()
+        self._firing: set[str] = set()
+        """Modules whose callbacks run now: their code has finished, though
+        importlib still marks them as initializing."""
         self._lock = _thread.RLock()
 
     def find_spec(self, fullname, path, target=None):
@@ -105,9 +109,21 @@ class _Finder:
         for module in finished:
             self.fire(module)
 
+    def whole(self, module) -> bool:
+        """Whether ``module``'s code has finished."""
+        return not _initializing(module) or module.__name__ in self._firing
+
     def fire(self, module) -> None:
         with self._lock:
             callbacks = list(self._callbacks.get(module.__name__, ()))
+            self._firing.add(module.__name__)
+        try:
+            self._call(module, callbacks)
+        finally:
+            with self._lock:
+                self._firing.discard(module.__name__)
+
+    def _call(self, module, callbacks) -> None:
         for callback in callbacks:
             try:
                 callback(module)
@@ -132,7 +148,7 @@ def when_imported(name: str, callback: Callback) -> None:
     module whose code is still running, at the first import after it has
     finished. Registering the same callback twice calls it once."""
     module = sys.modules.get(name)
-    if module is not None and not _initializing(module):
+    if module is not None and _finder.whole(module):
         callback(module)
         return
     _ensure_installed()

@@ -16,7 +16,7 @@ How the method is changed, and why this way
 The loop sits in the middle of a long method whose other lines differ from
 release to release (spec-info classes, capture modes, KV-slot plans, canary
 contexts, DSA seeding, ...). Copying the method into flatgather would freeze
-one release's version of all of them. Instead :func:`prepare` rewrites the
+one release's version of all of them. Instead :class:`DraftPrefill` rewrites the
 installed function's own syntax tree:
 
 1. :func:`flatgather.sglang.source.parse_method` reads the method's source and
