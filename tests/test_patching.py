@@ -252,10 +252,7 @@ def test_a_module_still_running_its_own_code_is_patched_once_it_is_whole(with_pa
     chain imports half-way through its own code): that module's patch waits
     until the module is whole."""
     (tmp_path / f"{MODULE}.py").write_text(
-        "import flatgather.sglang\n"
-        "flatgather.sglang.install()\n"
-        "def double(x):\n"
-        "    return 2 * x\n"
+        "import flatgather.sglang\nflatgather.sglang.install()\ndef double(x):\n    return 2 * x\n"
     )
     (tmp_path / "flatgather_test_next_import.py").write_text("")
     module = importlib.import_module(MODULE)
