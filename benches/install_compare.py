@@ -36,6 +36,7 @@ CHILD = textwrap.dedent(
     torch.set_num_threads(1)
     import flatgather.sglang as fs
     from flatgather.testing import install_sgl_kernel_stand_in
+    import sglang.srt.layers.logits_processor  # before the stand-in, as the tests do
     install_sgl_kernel_stand_in()
     for name in (
         "sglang.srt.layers.logits_processor",
@@ -62,6 +63,7 @@ CHILD = textwrap.dedent(
 
 def _tree(rev: str, into: Path) -> Path:
     """``python/`` of ``rev``, with the extension built here."""
+    into.mkdir(parents=True)
     archive = into / "tree.tar"
     subprocess.run(
         ["git", "archive", "--format=tar", "-o", str(archive), rev, "python"], cwd=ROOT, check=True

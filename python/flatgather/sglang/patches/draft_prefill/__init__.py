@@ -156,11 +156,11 @@ class DraftPrefill(Patch):
             k = draft_match.top_index(tree, loop.node)
             branch = draft_rewrite.replace_loop(tree, loop, names)
             gather = {names.rotate: rotate, names.takes: takes}
-            # The check runs the rotated tree as it is; the backport goes
-            # into a copy (it may add a statement before the loop's).
+            # The check compares the release's block with the rewritten one
+            # up to the gather, the backport in it where it comes before.
             yield self._candidate(
                 method,
-                copy.deepcopy(tree),
+                tree,
                 gather,
                 [ROTATION],
                 gives_up="the rotation loop left stock",
