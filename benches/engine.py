@@ -78,7 +78,8 @@ def run_side(workdir: Path, models: Path, running: int, flatgather: bool, round_
     result = json.loads((workdir / f"plain-bench{running}-{round_}-{side}.json").read_text())
     prof = json.loads(profile.read_text())
     step = sum(v["s"] for k, v in prof.items() if k.startswith("step."))
-    replaced = sum(v["s"] for k, v in prof.items() if not k.startswith(("step.", "loop.")))
+    replaced = sum(v["s"] for k, v in prof.items() if not k.startswith(("step.", "loop.", "gc.")))
+    collections = prof.get("gc.pauses", {"calls": 0, "s": 0.0})
     tokens = sum(a["completion_tokens"] for a in served.answers)
     return {
         "serve_s": result["serve_s"],
@@ -87,6 +88,8 @@ def run_side(workdir: Path, models: Path, running: int, flatgather: bool, round_
         "step_s": step,
         "replaced_s": replaced,
         "replaced_share": replaced / step if step else 0.0,
+        "gc_s": collections["s"],
+        "gc_collections": collections["calls"],
         "profile": prof,
         "answers": served.answers,
     }
@@ -102,7 +105,14 @@ def summarize(rows: list[dict]) -> dict:
         **{
             f"{side}_{key}": statistics.median(r[side][key] for r in rows)
             for side in ("off", "on")
-            for key in ("requests_per_s", "tokens_per_s", "replaced_share", "replaced_s", "step_s")
+            for key in (
+                "requests_per_s",
+                "tokens_per_s",
+                "replaced_share",
+                "replaced_s",
+                "step_s",
+                "gc_s",
+            )
         },
     }
 
@@ -138,12 +148,15 @@ def markdown(
         "loops flatgather replaces (`_get_pruned_states`, the token-id and top-k logprob "
         "helpers, `copy_to_cpu`, `move_logprobs_to_cpu`, `_normalize_decode_outputs`), over "
         "its `run_batch` plus `process_batch_result` time; on each side it is whatever object "
-        "is in place, the release's or flatgather's.",
+        "is in place, the release's or flatgather's. The garbage collector's pauses are "
+        "counted on their own, not in the function they fall in (one full collection per run "
+        "takes a third of a second at 256 requests, on either side, wherever it falls).",
         "",
         "| running requests | req/s stock | req/s flatgather "
         "| flatgather / stock (median, min-max) | tokens/s stock | tokens/s flatgather "
-        "| replaced functions' share of step time, stock | same, flatgather |",
-        "|---|---|---|---|---|---|---|---|",
+        "| replaced functions' share of step time, stock | same, flatgather "
+        "| GC pauses, stock | same, flatgather |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for running, s in results.items():
         lines.append(
@@ -153,7 +166,8 @@ def markdown(
             f"| {100 * s['off_replaced_share']:.1f}% ({1e3 * s['off_replaced_s']:.0f} ms "
             f"of {1e3 * s['off_step_s']:.0f}) "
             f"| {100 * s['on_replaced_share']:.1f}% ({1e3 * s['on_replaced_s']:.0f} ms "
-            f"of {1e3 * s['on_step_s']:.0f}) |"
+            f"of {1e3 * s['on_step_s']:.0f}) "
+            f"| {1e3 * s['off_gc_s']:.0f} ms | {1e3 * s['on_gc_s']:.0f} ms |"
         )
     if busy:
         lines += ["", f"**Warning:** {busy}"]

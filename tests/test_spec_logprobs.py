@@ -558,7 +558,9 @@ def test_a_rewrite_whose_call_is_not_its_loop_is_refused(monkeypatch, edit):
     a call that reads another list, or hands the rows to the other helper,
     is refused (the install-time run of each element would not see it)."""
 
-    class Edited(output_logprobs.consumers._Replace):
+    from flatgather.sglang.patches.output_logprobs import loops
+
+    class Edited(loops._Replace):
         def visit_ListComp(self, node):
             call = super().visit_ListComp(node)
             if isinstance(call, ast.Call) and call.args[0].attr.endswith("_idx"):
@@ -574,7 +576,7 @@ def test_a_rewrite_whose_call_is_not_its_loop_is_refused(monkeypatch, edit):
         "    b = [x.tolist() for x in o.next_token_top_logprobs_idx]\n"
     ).body[0]
     assert isinstance(output_logprobs.rewrite(tree), output_logprobs.Rewrite)
-    monkeypatch.setattr(output_logprobs.consumers, "_Replace", Edited)
+    monkeypatch.setattr(loops, "_Replace", Edited)
     found = output_logprobs.rewrite(tree)
     assert found == "the rewritten method is not the release's with the loops put back", found
 

@@ -175,23 +175,48 @@ def _timed(fn, name: str):
 
     entry = _totals.setdefault(name, [0, 0.0])
     clock = time.perf_counter
+    collected = _totals.setdefault(GC, [0, 0.0])
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        started = clock()
+        started, paused = clock(), collected[1]
         try:
             return fn(*args, **kwargs)
         finally:
+            # A collection that falls inside the call is the process's, not
+            # the function's: it is counted under GC alone.
             entry[0] += 1
-            entry[1] += clock() - started
+            entry[1] += clock() - started - (collected[1] - paused)
 
     return wrapper
+
+
+GC = "gc.pauses"
+"""The profile's entry for the garbage collector's pauses (collections, seconds)."""
+
+
+def _count_collections() -> None:
+    import gc
+    import time
+
+    entry = _totals.setdefault(GC, [0, 0.0])
+    started = []
+
+    def on_collect(phase, info):
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            entry[0] += 1
+            entry[1] += time.perf_counter() - started.pop()
+
+    gc.callbacks.append(on_collect)
 
 
 def _profile_replaced() -> None:
     """Wrap, once, whatever is in place of each replaced function now."""
     global _profiled
     _profiled = True
+    _count_collections()
     for module_name, owner_name, attr in REPLACED:
         module = sys.modules.get(module_name)
         owner = getattr(module, owner_name, None) if owner_name else module

@@ -51,12 +51,11 @@ from __future__ import annotations
 from flatgather.sglang.patches.output_logprobs.consumers import (
     COPY_HELPERS,
     Chain,
-    Rewrite,
     methods_with_loops,
-    rewrite,
     unknown_copy,
 )
 from flatgather.sglang.patches.output_logprobs.consumers import PATCH as CHAIN
+from flatgather.sglang.patches.output_logprobs.loops import Rewrite, rewrite
 from flatgather.sglang.patches.output_logprobs.names import (
     CONSUMER_CLASSES,
     CONSUMERS,
