@@ -191,10 +191,14 @@ def _on_import(state: _Installed, patch: Patch, module) -> None:
         result = patch.prepare(module)
         for note in result.notes:
             log.warning("flatgather: %s", note)
+        _apply(state, patch, name, result)
         if result.swaps:
-            state.swaps.extend(apply_all(result.swaps))
             log.info("flatgather: patched %s (%s)", name, ", ".join(result.applied))
-        state.record(patch, name, result)
+
+
+def _apply(state: _Installed, patch: Patch, name: str, result: Prepared) -> None:
+    state.swaps.extend(apply_all(result.swaps))
+    state.record(patch, name, result)
 
 
 def install(
@@ -243,6 +247,7 @@ def install(
         release = sglang_release()
         state = _Installed(release)
         chosen = [p for p in (patch.configure(options) for patch in all_patches()) if p]
+        said: tuple[str, ...] = ()
         _state = state
         try:
             for patch in chosen:
@@ -254,8 +259,8 @@ def install(
                                 f"SGLang {release or '(unknown version)'}: {result.refusal}. "
                                 "Nothing was patched."
                             )
-                        state.swaps.extend(apply_all(result.swaps))
-                        state.record(patch, name, result)
+                        _apply(state, patch, name, result)
+                        said = result.notes
                     elif not _absent(name) and (name, patch) not in state.pending:
                         # Prepared and applied now if the module is whole, in
                         # this order (a later patch may rebuild what an
@@ -269,8 +274,10 @@ def install(
             _cancel_pending(state)
             revert_all(state.swaps)
             raise
-        state.notes[:0] = _table_notes(release, state.fields.get("contract"))
-        for note in state.notes:
+        table = _table_notes(release, state.fields.get("contract"))
+        state.notes[:0] = table
+        # The other patches' notes were logged as each was prepared.
+        for note in (*table, *said):
             log.info("flatgather: %s", note)
         return state.report()
 

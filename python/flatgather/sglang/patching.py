@@ -311,9 +311,7 @@ class Patch:
         proof = self.prove(target)
         candidate = self.pick(target, proof)
         if candidate.swaps:
-            candidate = replace(
-                candidate, notes=(*candidate.notes, *(self.vouch(target, proof) or ()))
-            )
+            candidate = replace(candidate, notes=(*candidate.notes, *self.vouch(target, proof)))
         return candidate
 
     def pick(self, target: Target, proof: Any) -> Candidate:
