@@ -1,4 +1,4 @@
-//! Checks both fuzz targets make of an outcome, whichever plan produced it.
+//! Checks the fuzz targets make of an outcome, whichever plan produced it.
 
 use flatgather_core::{Field, PlanError, MAX_PLAN_BYTES, MAX_TOKENS};
 
@@ -88,5 +88,24 @@ pub fn check_error(err: &PlanError, len: usize) {
             "{err:?}: message {msg:?} does not name {}",
             field.name()
         );
+    }
+}
+
+/// A `fill` into `buf`, which is too short for the `needed` values the plan
+/// writes: it must return exactly `BufferTooSmall { needed, got }`.
+pub fn check_too_short(
+    fill: impl FnOnce(&mut [i64]) -> Result<(), PlanError>,
+    buf: &mut [i64],
+    needed: usize,
+) {
+    let got = buf.len();
+    match fill(buf) {
+        Err(err @ PlanError::BufferTooSmall { .. }) => {
+            let want = PlanError::BufferTooSmall { needed, got };
+            assert_eq!(err, want, "fill into {got} values");
+            // About the buffer, not a request: any batch size will do.
+            check_error(&err, 0);
+        }
+        other => panic!("fill into {got} values (needs {needed}) gave {other:?}"),
     }
 }

@@ -29,7 +29,10 @@ mod bytes;
 mod checks;
 
 use bytes::{Bytes, Skew};
-use checks::{check_error, reference_count, reference_nonnegative, reference_size, rows_reference};
+use checks::{
+    check_error, check_too_short, reference_count, reference_nonnegative, reference_size,
+    rows_reference,
+};
 
 /// How this target's length values are skewed.
 const SKEW: Skew = Skew {
@@ -128,20 +131,6 @@ fn reference(extend: &[i64], start: &[i64]) -> Result<Counts, PlanError> {
     })
 }
 
-/// `fill` into `buf`, which must be too short.
-fn check_too_short(plan: &PrunePlan, buf: &mut [i64], with_token_to_seq: bool) {
-    let needed = plan.layout(with_token_to_seq).len();
-    let got = buf.len();
-    match plan.fill(buf, with_token_to_seq) {
-        Err(err @ PlanError::BufferTooSmall { .. }) => {
-            let want = PlanError::BufferTooSmall { needed, got };
-            assert_eq!(err, want, "fill into {got} values");
-            check_error(&err, plan.batch_size());
-        }
-        other => panic!("fill into {got} values (needs {needed}) gave {other:?}"),
-    }
-}
-
 fuzz_target!(|data: &[u8]| {
     let mut bytes = Bytes(data);
     let (extend, start) = decode(&mut bytes);
@@ -220,7 +209,8 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     for with_token_to_seq in [false, true] {
-        check_too_short(&plan, &mut [], with_token_to_seq);
+        let needed = plan.layout(with_token_to_seq).len();
+        check_too_short(|b| plan.fill(b, with_token_to_seq), &mut [], needed);
     }
     if plan.num_tokens() >= FILL_LIMIT {
         return;
@@ -235,9 +225,10 @@ fuzz_target!(|data: &[u8]| {
     let mut buf = vec![-1i64; full.len() + 2];
     for with_token_to_seq in [false, true] {
         let needed = plan.layout(with_token_to_seq).len();
-        check_too_short(&plan, &mut buf[..needed - 1], with_token_to_seq);
+        let fill = |b: &mut [i64]| plan.fill(b, with_token_to_seq);
+        check_too_short(fill, &mut buf[..needed - 1], needed);
         let cut = usize::from(bytes.u16()) % needed;
-        check_too_short(&plan, &mut buf[..cut], with_token_to_seq);
+        check_too_short(fill, &mut buf[..cut], needed);
     }
     // A failed fill writes nothing; a fill without token_to_seq writes the
     // same first three parts and leaves the values past its layout alone.
