@@ -13,7 +13,16 @@ import types
 import flatgather.sglang as fs
 import pytest
 from flatgather.sglang import installer, patching
-from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target, Unneeded
+from flatgather.sglang.patching import (
+    Candidate,
+    Option,
+    Patch,
+    Refused,
+    Service,
+    Swap,
+    Target,
+    Unneeded,
+)
 
 MODULE = "flatgather_test_patched_module"
 
@@ -37,6 +46,23 @@ def off_by_one(x):
     return 2 * x + 1
 
 
+class Counter(Service):
+    """What a doubling leaves in service: it reports, and counts its reverts."""
+
+    def __init__(self) -> None:
+        self.reverted_count = 0
+        self.busy = ""
+
+    def report(self):
+        return {"doublings": 1}
+
+    def busy_here(self):
+        return self.busy or None
+
+    def reverted(self):
+        self.reverted_count += 1
+
+
 class Doubling(Patch):
     """Replaces ``double`` (and, when asked, ``triple``) with candidates
     given by the test, checked on three inputs."""
@@ -49,7 +75,11 @@ class Doubling(Patch):
         self.targets = targets
         self.steps = steps
         self.log: list[str] = []
-        self.reverted_count = 0
+        self.service = Counter()
+
+    @property
+    def reverted_count(self) -> int:
+        return self.service.reverted_count
 
     def locate(self, module):
         self.log.append("locate")
@@ -68,6 +98,7 @@ class Doubling(Patch):
                 swaps=(Swap(target.owner, target.name, fn),),
                 applied=(self.name,),
                 gives_up=f"{fn.__name__} left out",
+                service=self.service,
             )
 
     def check(self, target, original, candidate):
@@ -83,9 +114,6 @@ class Doubling(Patch):
         if "vouch" in self.steps:
             return self.steps["vouch"]()
         return ("vouched",)
-
-    def reverted(self):
-        self.reverted_count += 1
 
 
 # --- one patch, one module --------------------------------------------------------------------
@@ -193,6 +221,8 @@ def test_a_patch_of_a_module_imported_later_is_pending_then_applied(with_patch):
         ("vouched",),
     )
     assert f"{MODULE}.double" in report.patched and MODULE not in report.pending
+    # What the patch's service reports is the report's, by name too.
+    assert report.details["doublings"] == 1 and report.doublings == 1
     assert fs.uninstall()
     assert module.double is not times_two and module.double(4) == 8
     assert with_patch.reverted_count == 1
@@ -236,6 +266,48 @@ def test_uninstall_reverts_every_swap_in_reverse_order(monkeypatch, with_patch):
     fs.uninstall()
     assert reverted == list(reversed(report.patched))
     assert reverted[0] == f"{MODULE}.double"  # applied last
+
+
+def test_an_option_is_the_patch_s_own_declaration(monkeypatch, with_patch):
+    """An option a patch declares is an ``install()`` keyword: a switch
+    turns the patch off, any other is set on it; a keyword no patch declares
+    is refused before anything is patched."""
+    importlib.import_module(MODULE)
+    monkeypatch.setattr(
+        Doubling,
+        "options",
+        {"doubling": Option("double in one go"), "tripling": Option("also triple", switch=False)},
+    )
+    monkeypatch.setattr(Doubling, "tripling", True, raising=False)
+    assert {"doubling", "tripling", "lazy_aux"} <= set(installer.install_options())
+    with pytest.raises(TypeError, match="no_such_option"):
+        fs.install(no_such_option=False)
+    assert not fs.is_installed()
+    report = fs.install(doubling=False)
+    assert not [p for p in report.patches if p.patch == "doubling"]
+    fs.uninstall()
+
+    configured = []
+    steps = Doubling.locate
+
+    def locate(self, module):
+        configured.append(self.tripling)
+        return steps(self, module)
+
+    monkeypatch.setattr(Doubling, "locate", locate)
+    fs.install(tripling=False)
+    assert configured == [False] and with_patch.tripling is True  # a configured copy
+    fs.uninstall()
+
+
+def test_uninstall_from_inside_a_service_says_where(with_patch):
+    importlib.import_module(MODULE)
+    fs.install()
+    with_patch.service.busy = "inside the test's own doubling"
+    with pytest.raises(RuntimeError, match="inside the test's own doubling"):
+        fs.uninstall()
+    with_patch.service.busy = ""
+    assert fs.uninstall()
 
 
 def test_an_option_turns_its_patches_off():

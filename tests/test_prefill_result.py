@@ -445,14 +445,14 @@ def test_a_source_file_edited_after_import_is_left_stock(tmp_path):
 @pytest.mark.matrix
 def test_a_rewrite_that_differs_from_the_release_is_caught_before_patching():
     """An advance one row short: the check at install sees it."""
-    real = prefill_result._rewrite
+    real = prefill_result.advance_in_skip
 
     def one_short(shape):
         real(shape)
         step = shape.skip.body[0].body[0]
         step.value = ast.BinOp(step.value, ast.Sub(), ast.Constant(1))
 
-    with mock.patch.object(prefill_result, "_rewrite", one_short):
+    with mock.patch.object(prefill_result, "advance_in_skip", one_short):
         result = prefill_result.PATCH.prepare(MODULE)
     assert result.swaps == []
     if not FIXED_BY_RELEASE:

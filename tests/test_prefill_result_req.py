@@ -143,7 +143,7 @@ def run(function, specs: list[Spec], keep: list[int], retracted=()) -> dict[int,
     )
     result.extend_input_len_per_req = [s.extend for _, s in batch]
     result.extend_logprob_start_len_per_req = [s.start for _, s in batch]
-    schedule_batch = prefill_result._Record(
+    schedule_batch = prefill_result.Record(
         reqs=list(reqs.values()), return_logprob=True, decoding_reqs=None
     )
     HARNESS.overlays.function(function)(HARNESS.scheduler, schedule_batch, result)

@@ -21,6 +21,7 @@ from _sglang import STOCK_PRUNED_STATES, LogitsProcessor
 from conftest import RELEASE
 from flatgather.sglang import shapes
 from flatgather.sglang.patches.pruned_states import probe
+from flatgather.testing import fingerprints
 
 BRANCH = "if extend_len == extend_logprob_start_len:"
 
@@ -50,7 +51,7 @@ def _mutant(tmp_path, monkeypatch, old: str, new: str):
 def test_the_running_release_is_a_known_shape():
     found = shapes.fingerprint(LogitsProcessor, "_get_pruned_states")
     assert RELEASE in shapes.KNOWN[shapes.PRUNED_STATES].get(found, ()), (
-        f"{RELEASE}: fingerprint {found} not in the table; regenerate it (shapes.py)"
+        f"{RELEASE}: fingerprint {found} not in the table; regenerate it"
     )
 
 
@@ -58,7 +59,7 @@ def test_the_running_release_is_a_known_shape():
 def test_the_running_release_s_store_is_a_known_shape():
     found = shapes.fingerprint(LogitsProcessor, "_get_hidden_states_to_store")
     assert RELEASE in shapes.KNOWN[shapes.STORE].get(found, ()), (
-        f"{RELEASE}: store fingerprint {found} not in the table; regenerate it (shapes.py)"
+        f"{RELEASE}: store fingerprint {found} not in the table; regenerate it"
     )
 
 
@@ -113,12 +114,12 @@ def test_a_global_rebound_is_another_shape(tmp_path, monkeypatch):
 
 @pytest.mark.matrix
 def test_every_function_replaced_whole_is_a_known_shape():
-    found = shapes.release_functions()
+    found = fingerprints.release_functions()
     assert found, "no replaced function found in the release"
     for name, function in found.items():
         shape = shapes.fingerprint(None, function)
         assert RELEASE in shapes.KNOWN[name].get(shape, ()), (
-            f"{RELEASE}: {name} fingerprint {shape} not in the table; regenerate it (shapes.py)"
+            f"{RELEASE}: {name} fingerprint {shape} not in the table; regenerate it"
         )
 
 
@@ -142,11 +143,13 @@ def _function_mutant(tmp_path, monkeypatch, function):
     return mutant
 
 
-@pytest.mark.parametrize("name", sorted(shapes.FUNCTIONS))
+@pytest.mark.parametrize(
+    "name", [k.key for k in fingerprints.declared() if k.owner is None and not k.imported]
+)
 def test_an_unknown_function_is_left_stock_and_the_rest_goes_on(tmp_path, monkeypatch, name):
     """Known code only, for the functions replaced whole: even an edit that
     changes no behaviour is code the matrix never ran."""
-    function = shapes.release_functions().get(name)
+    function = fingerprints.release_functions().get(name)
     if function is None:
         pytest.skip(f"SGLang {RELEASE} has no {name}")
     mutant = _function_mutant(tmp_path, monkeypatch, function)
@@ -165,3 +168,29 @@ def test_an_unknown_function_is_left_stock_and_the_rest_goes_on(tmp_path, monkey
         assert vars(module)[name] is mutant, f"the unknown function was patched in {module}"
     assert any(name in note and "not code flatgather has seen" in note for note in report.notes)
     assert report.contract is not None  # the other patches went on
+
+
+@pytest.mark.matrix
+def test_the_table_is_what_the_generator_writes():
+    """The running release's row of the generated table is what the
+    generator finds in it now, key for key, and the file is the generator's
+    own rendering of its rows (no hand edit)."""
+    found = fingerprints.release_fingerprints()
+    listed = {
+        key: fp
+        for key, prints in shapes.KNOWN.items()
+        for fp, rs in prints.items()
+        if RELEASE in rs
+    }
+    assert found == listed, "regenerate: python -m flatgather.testing.fingerprints --write"
+    rows: dict[str, dict[str, str]] = {}
+    for key, prints in shapes.KNOWN.items():
+        for fp, releases_ in prints.items():
+            for release in releases_:
+                rows.setdefault(release, {})[key] = fp
+    from flatgather.sglang.known_shapes import __file__ as table_file
+    from flatgather.sglang.releases import RELEASES
+
+    ordered = {r.version: rows[r.version] for r in RELEASES if r.version in rows}
+    with open(table_file) as f:
+        assert fingerprints.render(ordered) == f.read()

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from flatgather.sglang.installer import (
         SUPPORTED_RELEASES,
-        Contract,
         InstallReport,
         PatchReport,
         UnsupportedRelease,
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
         sglang_release,
         uninstall,
     )
+    from flatgather.sglang.patches.pruned_states import Contract
 
 __all__ = [
     "SUPPORTED_RELEASES",
@@ -46,10 +46,15 @@ __all__ = [
 ]
 
 
+_HOMES = {"Contract": "flatgather.sglang.patches.pruned_states"}
+"""Where a name of :data:`__all__` lives, if not in the installer."""
+
+
 def __getattr__(name: str) -> object:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("flatgather.sglang.installer"), name)
+    home = _HOMES.get(name, "flatgather.sglang.installer")
+    value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value
 

@@ -25,16 +25,15 @@ import logging
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 from flatgather import _import_hooks
 from flatgather.sglang import releases
 from flatgather.sglang.patches import patches as all_patches
-from flatgather.sglang.patches.pruned_states import Contract
-from flatgather.sglang.patching import Patch, Prepared, Swap, apply_all, revert_all
+from flatgather.sglang.patching import Option, Patch, Prepared, Service, Swap, apply_all, revert_all
 from flatgather.sglang.releases import sglang_release
 
 log = logging.getLogger("flatgather")
@@ -65,29 +64,38 @@ class PatchReport:
 
 @dataclass(frozen=True)
 class InstallReport:
+    """What :func:`install` did. Besides the fields below, what the patches in
+    service report (:attr:`details`) reads as attributes too:
+    ``report.contract`` (what the probe found the release's
+    ``_get_pruned_states`` to do), ``report.lazy_aux``, ``report.lazy_full``,
+    ``report.probe_seconds``."""
+
     release: str | None
     """The SGLang version found (None when it has no distribution metadata)."""
     patched: tuple[str, ...]
     """Attributes replaced so far."""
     pending: tuple[str, ...] = ()
     """Modules whose patches apply once they are imported."""
-    contract: Contract | None = None
-    """What the probe found the release's ``_get_pruned_states`` to do."""
     verified_by: str = "probe"
     """``"probe and test matrix"`` for a release of the table, else ``"probe"``."""
-    lazy_aux: bool = False
-    """Lazy aux pruning is on (asked for and verified)."""
-    lazy_full: bool = False
-    """Under FULL capture no aux row is gathered (verified: the release's
-    FULL store reads none)."""
     backports: tuple[str, ...] = ()
-    """SGLang fixes applied so far: PR #21589's two, issue #36938's
-    (:data:`flatgather.sglang.patches.prefill_result.FIX`)."""
+    """SGLang fixes applied so far: PR #21589's two, issue #36938's."""
     notes: tuple[str, ...] = ()
     """What was left stock, and why; how the probe ran."""
-    probe_seconds: float = 0.0
     patches: tuple[PatchReport, ...] = ()
     """Each patch in each module it was prepared for, or waits for."""
+    details: Mapping[str, Any] = field(default_factory=dict)
+    """What each patch in service reports (:meth:`~flatgather.sglang.patching.Service.report`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "details":
+            raise AttributeError(name)
+        try:
+            return self.details[name]
+        except KeyError:
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}"
+            ) from None
 
 
 @dataclass
@@ -97,11 +105,8 @@ class _Installed:
     outcomes: list[PatchReport] = field(default_factory=list)
     pending: dict[tuple[str, Patch], Any] = field(default_factory=dict)
     """``(module name, patch)`` -> its import callback."""
-    in_service: list[Patch] = field(default_factory=list)
-    """Each patch with a swap applied, once."""
-    held: list[tuple[Patch, Any]] = field(default_factory=list)
-    """``(patch, about)`` for each patch in service that holds state."""
-    fields: dict[str, Any] = field(default_factory=dict)
+    services: list[Service] = field(default_factory=list)
+    """What the patches applied left in service, each once, in order."""
     backports: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -110,19 +115,14 @@ class _Installed:
         self.outcomes.append(PatchReport(patch.name, module, state, result.applied, result.notes))
         self.notes.extend(result.notes)
         if result.swaps:
-            if patch not in self.in_service:
-                self.in_service.append(patch)
             self.backports.extend(b for b in result.backports if b not in self.backports)
-            if result.about is not None:
-                self.held.append((patch, result.about))
-                self.fields.update(patch.report(result.about))
-
-    def about(self, name: str) -> Any:
-        """What the patch ``name`` in service handed the installer, or None."""
-        return next((about for patch, about in self.held if patch.name == name), None)
+            self.services.extend(s for s in result.services if s not in self.services)
 
     def report(self) -> InstallReport:
         in_table = releases.by_version(self.release) is not None
+        details: dict[str, Any] = {}
+        for service in self.services:
+            details.update(service.report())
         waiting = tuple(PatchReport(patch.name, name, "pending") for name, patch in self.pending)
         return InstallReport(
             release=self.release,
@@ -132,7 +132,7 @@ class _Installed:
             backports=tuple(self.backports),
             notes=tuple(self.notes),
             patches=(*self.outcomes, *waiting),
-            **self.fields,
+            details=MappingProxyType(details),
         )
 
 
@@ -140,23 +140,22 @@ _lock = threading.RLock()
 _state: _Installed | None = None
 
 
-def _table_notes(release: str | None, contract: Contract | None) -> list[str]:
-    row = releases.by_version(release)
-    if row is None:
-        return [
-            f"SGLang {release or '(unknown version)'} is not in flatgather's test matrix; "
-            "verified by the probe alone"
-        ]
-    expected = Contract(
-        row.trailing_token_to_seq, row.packed_aux, row.writes_cpu_indices, row.prunes_aux
-    )
-    if contract is not None and expected != contract:
-        # The probe verified what runs; the table describes the wheel.
-        return [
-            f"the running SGLang {release} differs from the published wheel "
-            f"(table: {expected.describe()}); the probe's contract is used"
-        ]
-    return []
+def _table_note(release: str | None) -> list[str]:
+    if releases.by_version(release) is not None:
+        return []
+    return [
+        f"SGLang {release or '(unknown version)'} is not in flatgather's test matrix; "
+        "verified by the probe alone"
+    ]
+
+
+def install_options() -> dict[str, Option]:
+    """Every ``install()`` keyword, from the patches that declare it
+    (:attr:`flatgather.sglang.patching.Patch.options`)."""
+    found: dict[str, Option] = {}
+    for patch in all_patches():
+        found.update(patch.options)
+    return found
 
 
 def _absent(name: str) -> bool:
@@ -201,29 +200,21 @@ def _apply(state: _Installed, patch: Patch, name: str, result: Prepared) -> None
     state.record(patch, name, result)
 
 
-def install(
-    force: bool = False,
-    lazy_aux: bool = True,
-    input_logprobs: bool = True,
-    output_logprobs: bool = True,
-) -> InstallReport:
+def install(force: bool = False, **options: bool) -> InstallReport:
     """Probe the running SGLang and patch it; idempotent (a second call
     changes nothing and returns the report so far).
 
     Raises :class:`UnsupportedRelease`, leaving SGLang untouched, when the
     probe finds that flatgather cannot reproduce the release's
-    ``_get_pruned_states`` exactly. With ``lazy_aux`` (the default, and only
-    where the probe verified it), ``LogitsProcessor.forward`` gathers from the
-    EAGLE3 aux layers only the rows it stores; its outputs are unchanged.
-    With ``input_logprobs`` (the default), the token-id input logprobs are
-    gathered in one go (:mod:`flatgather.sglang.patches.input_logprobs`), each
-    function verified against the release's own first. With
-    ``output_logprobs`` (the default), the output logprobs of decode and
-    speculative verify steps (top logprobs, token-id logprobs) go from the
-    device to the scheduler flat (:mod:`flatgather.sglang.patches.output_logprobs`),
-    each stage verified against the release's own as its module is imported.
-    Either every patch that applies now is applied or, if one fails, none is
-    left behind and the error propagates.
+    ``_get_pruned_states`` exactly. Either every patch that applies now is
+    applied or, if one fails, none is left behind and the error propagates.
+
+    The keywords are the patches' options (:func:`install_options`), each True
+    unless given: ``lazy_aux`` (inside ``LogitsProcessor.forward``, gather the
+    EAGLE3 aux layers only at the rows stored, where the probe verified it),
+    ``input_logprobs`` (the token-id input logprobs in one go),
+    ``output_logprobs`` (the output logprobs of decode and verify steps handed
+    to the scheduler flat). Any other keyword raises ``TypeError``.
 
     ``force`` is accepted for compatibility and changes nothing: every
     release, tested or not, is patched exactly when the probe passes.
@@ -236,11 +227,15 @@ def install(
             DeprecationWarning,
             stacklevel=2,
         )
-    options = {
-        "lazy_aux": lazy_aux,
-        "input_logprobs": input_logprobs,
-        "output_logprobs": output_logprobs,
-    }
+    known = install_options()
+    for key, value in options.items():
+        if key not in known:
+            raise TypeError(
+                f"install() got an unexpected keyword argument {key!r} "
+                f"(the patches' options: {', '.join(sorted(known))})"
+            )
+        if not isinstance(value, bool):
+            raise TypeError(f"install({key}=...) takes True or False, not {value!r}")
     with _lock:
         if _state is not None:
             return _state.report()
@@ -274,7 +269,7 @@ def install(
             _cancel_pending(state)
             revert_all(state.swaps)
             raise
-        table = _table_notes(release, state.fields.get("contract"))
+        table = _table_note(release)
         state.notes[:0] = table
         # The other patches' notes were logged as each was prepared.
         for note in (*table, *said):
@@ -307,14 +302,15 @@ def uninstall(timeout: float | None = None) -> bool:
         state = _state
         if state is None:
             return False
-        held = list(state.held)
-        if any(patch.busy_here(about) for patch, about in held):
-            raise RuntimeError(
-                "flatgather.sglang.uninstall() called from inside LogitsProcessor.forward, "
-                "which it would wait for"
-            )
-    for patch, about in held:
-        if not patch.drain(about, timeout):
+        services = list(state.services)
+        for service in services:
+            where = service.busy_here()
+            if where:
+                raise RuntimeError(
+                    f"flatgather.sglang.uninstall() called from {where}, which it would wait for"
+                )
+    for service in services:
+        if not service.drain(timeout):
             raise TimeoutError(
                 f"forwards still running after {timeout} s; flatgather stays installed"
             )
@@ -325,13 +321,13 @@ def uninstall(timeout: float | None = None) -> bool:
         _cancel_pending(state)
         revert_all(state.swaps)
         state.swaps.clear()
-        for patch in reversed(state.in_service):
-            patch.reverted()
+        for service in reversed(state.services):
+            service.reverted()
         return True
 
 
 @contextlib.contextmanager
-def _module_functions_as_shipped() -> Iterator[None]:
+def module_functions_as_shipped() -> Iterator[None]:
     """Within it, the module-level functions that :func:`install` replaced
     (the token-id input logprobs) are the release's own again, so that the
     release's code can be run beside flatgather's in one process: the

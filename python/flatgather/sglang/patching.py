@@ -22,17 +22,21 @@ that code as shipped, with a note saying why.
 
 from __future__ import annotations
 
+import copy
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from types import ModuleType
-from typing import Any, ClassVar
+from types import MappingProxyType, ModuleType
+from typing import Any, ClassVar, Generic, TypeVar
 
 __all__ = [
     "Candidate",
+    "Known",
+    "Option",
     "Patch",
     "Prepared",
     "Refused",
+    "Service",
     "Swap",
     "Target",
     "Unneeded",
@@ -40,6 +44,11 @@ __all__ = [
     "known_code",
     "revert_all",
 ]
+
+Proof = TypeVar("Proof")
+"""What a patch's :meth:`~Patch.prove` hands its other steps."""
+Detail = TypeVar("Detail")
+"""What a patch's :meth:`~Patch.check` needs of one of its candidates."""
 
 _MISSING = object()
 
@@ -129,8 +138,33 @@ class Target:
         return f"{owner}.{self.name}"
 
 
+class Service:
+    """What a patch leaves in service beside its swaps, where its code keeps
+    state that later calls read (the pruning's lazy-aux gate, the output
+    chain's registry of flat lists). The installer asks it these four things
+    and nothing else; a patch without such state has none."""
+
+    def report(self) -> Mapping[str, Any]:
+        """What the install report says of it (:attr:`InstallReport.details`)."""
+        return {}
+
+    def busy_here(self) -> str | None:
+        """Where the calling thread is inside the patch's code (``uninstall()``
+        there would wait for itself), or None."""
+        return None
+
+    def drain(self, timeout: float | None) -> bool:
+        """Let no new call use what is about to be reverted and wait for
+        those in flight; False when ``timeout`` passed first."""
+        return True
+
+    def reverted(self) -> None:
+        """After every swap is reverted: drop what the patch's code left for
+        later calls."""
+
+
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(Generic[Detail]):
     """One replacement a patch's :meth:`~Patch.build` offers."""
 
     swaps: tuple[Swap, ...] = ()
@@ -146,11 +180,10 @@ class Candidate:
     """What the next candidate lacks that this one has, where that is worth
     a note ("the rotation loop left stock"): when this one fails its check
     and the next is taken, the note is this and the difference found."""
-    detail: Any = None
+    detail: Detail | None = None
     """What the patch's own :meth:`~Patch.check` needs of it."""
-    about: Any = None
-    """What the install report takes from it, where the patch hands more
-    than swaps (the pruning's contract and lazy-aux gate)."""
+    service: Service | None = None
+    """What stays in service with it, if anything does (see :class:`Service`)."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +198,7 @@ class Prepared:
     refusal: str = ""
     """Why the first refused target was refused (a required patch's
     refusal is the installer's error)."""
-    about: Any = None
+    services: tuple[Service, ...] = ()
 
     @classmethod
     def refused(cls, note: str) -> Prepared:
@@ -184,26 +217,75 @@ def known_code(where: str, owner: type | None, name: Any) -> str:
         raise Refused(str(exc)) from None
 
 
-class Patch:
-    """One place of SGLang that flatgather patches. Subclasses set
-    :attr:`name` and :attr:`modules` and fill in the steps; :meth:`prepare`
-    walks them."""
+@dataclass(frozen=True)
+class Option:
+    """An ``install()`` keyword a patch declares (every one defaults to True)."""
+
+    doc: str
+    """What it does, for ``install()``'s callers."""
+    switch: bool = True
+    """False turns the patch off; a non-switch is set on the patch as an
+    attribute of the same name (the pruning's ``lazy_aux``)."""
+
+
+@dataclass(frozen=True)
+class Known:
+    """Code a patch vouches for by its fingerprint (:func:`known_code`), and
+    where the releases keep it, so that the fingerprint table's generator
+    (:mod:`flatgather.testing.fingerprints`) finds it in each release."""
+
+    key: str
+    """Its entry in :data:`flatgather.sglang.known_shapes.KNOWN`."""
+    modules: tuple[str, ...]
+    """The modules that define it in some release (the first that does is read)."""
+    name: str
+    """The function, or the method of :attr:`owner`."""
+    owner: str | None = None
+    """The class that holds the method; None for a module-level function."""
+    imported: bool = False
+    """A module-level function read where it is imported, not defined (the
+    chain's host copy, imported into ``managers/utils`` from 0.5.21)."""
+
+
+class Patch(Generic[Proof, Detail]):
+    """One place of SGLang that flatgather patches. A subclass declares what
+    it is (the class attributes below) and fills in the steps;
+    :meth:`prepare` walks them. The installer, the report and the tools know
+    a patch by these declarations alone."""
 
     name: ClassVar[str]
     """The patch, as the install report names it."""
     modules: ClassVar[tuple[str, ...]]
     """Every module a release keeps this code in; each is prepared when (and
     if) it is imported."""
-    option: ClassVar[str | None] = None
-    """The ``install()`` flag that turns the patch off, if one does."""
+    what: ClassVar[str] = ""
+    """What the patch replaces, in words, for its notes (default: its name)."""
     required: ClassVar[bool] = False
     """Refused, it makes the whole release refused (nothing is patched):
     the pruning, which everything else builds on."""
+    options: ClassVar[Mapping[str, Option]] = MappingProxyType({})
+    """The ``install()`` keywords it takes."""
+    known: ClassVar[tuple[Known, ...]] = ()
+    """The code it vouches for by fingerprint (code it replaces whole, or
+    calls in place of the release's loop)."""
+    unfixed: ClassVar[str] = ""
+    """What a refused target leaves unfixed, where the patch is a fix (said
+    in the note)."""
 
-    def configure(self, options: dict[str, bool]) -> Patch | None:
-        """This patch as ``install(**options)`` asks for it, or None when
-        the options turn it off."""
-        return self if self.option is None or options.get(self.option, True) else None
+    def configure(self, options: Mapping[str, bool]) -> Patch | None:
+        """This patch as ``install(**options)`` asks for it, or None when an
+        option turns it off."""
+        configured = self
+        for key, option in self.options.items():
+            value = options.get(key, True)
+            if option.switch:
+                if not value:
+                    return None
+            elif getattr(configured, key) != value:
+                if configured is self:
+                    configured = copy.copy(self)
+                setattr(configured, key, value)
+        return configured
 
     # --- the steps -----------------------------------------------------------------------------
 
@@ -213,58 +295,29 @@ class Patch:
         have it; the message is the whole note."""
         raise NotImplementedError
 
-    def prove(self, target: Target) -> Any:
+    def prove(self, target: Target) -> Proof:
         """That the code read is the code that runs, and what it does: the
         proof :meth:`build` and :meth:`check` work from. Raises
         :class:`Refused`, or :class:`Unneeded` where the release needs
         nothing."""
         raise NotImplementedError
 
-    def build(self, target: Target, proof: Any) -> Iterable[Candidate]:
+    def build(self, target: Target, proof: Proof) -> Iterable[Candidate[Detail]]:
         """The replacements, best first (each a step down from the one
         before)."""
         raise NotImplementedError
 
-    def check(self, target: Target, proof: Any, candidate: Candidate) -> str | None:
+    def check(self, target: Target, proof: Proof, candidate: Candidate[Detail]) -> str | None:
         """The candidate against the release's own code on the patch's
         cases: None, or the first difference."""
         raise NotImplementedError
 
-    def vouch(self, target: Target, proof: Any) -> tuple[str, ...]:
+    def vouch(self, target: Target, proof: Proof) -> tuple[str, ...]:
         """For code replaced whole, after its check: that it is code the
-        test matrix runs, else :class:`Refused`; returns notes on what the
-        proof rests on. A rewrite keeps the release's own lines, and needs
-        none."""
+        test matrix runs (:func:`known_code`, for code of :attr:`known`),
+        else :class:`Refused`; returns notes on what the proof rests on. A
+        rewrite keeps the release's own lines, and needs none."""
         return ()
-
-    def refusal(self, target: Target, why: str) -> str:
-        """The note for a refused target."""
-        return f"{target.where} left stock: {why}"
-
-    def where(self, module: ModuleType) -> str:
-        """What the note names when the module as a whole fails."""
-        return f"{module.__name__}: {self.name}"
-
-    # --- what the installer asks of a patch in service ----------------------------------------
-
-    def report(self, about: Any) -> dict[str, Any]:
-        """Fields of the install report this patch fills, from the
-        :attr:`Candidate.about` it chose."""
-        return {}
-
-    def busy_here(self, about: Any) -> bool:
-        """Whether the calling thread is inside this patch's code (where
-        ``uninstall()`` would wait for itself)."""
-        return False
-
-    def drain(self, about: Any, timeout: float | None) -> bool:
-        """Let no new call use what is about to be reverted and wait for
-        those in flight; False when ``timeout`` passed first."""
-        return True
-
-    def reverted(self) -> None:
-        """After every swap is reverted: drop what the patch's code left
-        for later calls."""
 
     # --- the walk ------------------------------------------------------------------------------
 
@@ -277,14 +330,17 @@ class Patch:
         except Refused as exc:
             return Prepared.refused(str(exc))
         except Exception as exc:
-            return Prepared.refused(f"{self.where(module)} left stock: {type(exc).__name__}: {exc}")
+            what = self.what or self.name
+            return Prepared.refused(
+                f"{module.__name__}: {what} left stock: {type(exc).__name__}: {exc}"
+            )
 
     def _prepare(self, module: ModuleType) -> Prepared:
         swaps: list[Swap] = []
         applied: list[str] = []
         backports: list[str] = []
         notes: list[str] = []
-        refusal, about = "", None
+        refusal, services = "", []
         for target in self.locate(module):
             try:
                 chosen = self.choose(target)
@@ -299,13 +355,17 @@ class Patch:
                 applied += [a for a in chosen.applied if a not in applied]
                 backports += [b for b in chosen.backports if b not in backports]
                 notes += chosen.notes
-                about = chosen.about if about is None else about
+                if chosen.service is not None and chosen.service not in services:
+                    services.append(chosen.service)
                 continue
-            notes.append(self.refusal(target, why))
+            unfixed = f" ({self.unfixed})" if self.unfixed else ""
+            notes.append(f"{target.where} left stock{unfixed}: {why}")
             refusal = refusal or why
-        return Prepared(swaps, tuple(applied), tuple(backports), tuple(notes), refusal, about)
+        return Prepared(
+            swaps, tuple(applied), tuple(backports), tuple(notes), refusal, tuple(services)
+        )
 
-    def choose(self, target: Target) -> Candidate:
+    def choose(self, target: Target) -> Candidate[Detail]:
         """The steps for one target: :meth:`prove`, :meth:`pick`, then
         :meth:`vouch` for a candidate that replaces anything."""
         proof = self.prove(target)
@@ -314,7 +374,7 @@ class Patch:
             candidate = replace(candidate, notes=(*candidate.notes, *self.vouch(target, proof)))
         return candidate
 
-    def pick(self, target: Target, proof: Any) -> Candidate:
+    def pick(self, target: Target, proof: Proof) -> Candidate[Detail]:
         """The first candidate that passes its check, its notes saying what
         it gives up against the one before. Raises :class:`Refused` with the
         best candidate's difference when none does, :class:`Unneeded` when

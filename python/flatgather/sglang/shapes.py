@@ -40,7 +40,7 @@ left stock with a note, and the other patches go on.
 The table below is generated, one line per release of the release table:
 
     for v in $(python python/flatgather/sglang/releases.py versions); do
-        PYTHONPATH=.sglang/$v python -m flatgather.sglang.shapes; done
+
 """
 
 from __future__ import annotations
@@ -49,132 +49,18 @@ import ast
 import builtins
 import dis
 import hashlib
-import sys
 import types
 
 from flatgather.sglang import source
+from flatgather.sglang.known_shapes import KNOWN
 
-__all__ = ["KNOWN", "UnknownShape", "fingerprint", "known"]
+__all__ = ["COPY_HELPER", "KNOWN", "PRUNED_STATES", "STORE", "UnknownShape", "fingerprint", "known"]
 
 PRUNED_STATES = "LogitsProcessor._get_pruned_states"
 STORE = "LogitsProcessor._get_hidden_states_to_store"
 COPY_HELPER = "GenerationBatchResult._async_d2h"
 """The host copy the output chain's ``copy_to_cpu`` applies to each row
 (0.5.15 on): flatgather calls it once on a flat tensor instead."""
-
-KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
-    PRUNED_STATES: {
-        "176dd0d10863d3f3": ("0.5.10", "0.5.10.post1"),
-        "1927b0e1ad82eff8": ("0.5.11",),
-        "4d6e2a86a79cf7ae": ("0.5.12", "0.5.12.post1"),
-        "a0bb0a2ed1a07c6b": ("0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1"),
-        "bc0eafae8733caf3": ("0.5.16",),
-        "0b3189cb6dcbaf64": ("0.5.17", "0.5.18", "0.5.19"),
-        "ce4f949c5a384117": ("0.5.20",),
-        "e5cec2d16f4bfc72": ("0.5.21", "0.5.22", "0.5.23"),
-    },
-    STORE: {
-        "650c3950fca03bdb": (
-            "0.5.10",
-            "0.5.10.post1",
-            "0.5.11",
-            "0.5.12",
-            "0.5.12.post1",
-            "0.5.13",
-            "0.5.13.post1",
-            "0.5.14",
-            "0.5.15",
-            "0.5.15.post1",
-            "0.5.16",
-        ),
-        "a4bc88c2b1e9d910": ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
-    },
-    "get_token_ids_logprobs_chunk": {
-        "1628077b99c13580": (
-            "0.5.10",
-            "0.5.10.post1",
-            "0.5.11",
-            "0.5.12",
-            "0.5.12.post1",
-            "0.5.13",
-            "0.5.13.post1",
-            "0.5.14",
-            "0.5.15",
-            "0.5.15.post1",
-        ),
-        "80053495b1b363bd": ("0.5.16", "0.5.17"),
-        "9ab78ee97687c556": ("0.5.18", "0.5.19", "0.5.20"),
-        "a2bcafead576fc38": ("0.5.21", "0.5.22", "0.5.23"),
-    },
-    "get_token_ids_logprobs_prefill": {
-        "2d59906fbf6d1d21": (
-            "0.5.10",
-            "0.5.10.post1",
-            "0.5.11",
-            "0.5.12",
-            "0.5.12.post1",
-            "0.5.13",
-            "0.5.13.post1",
-            "0.5.14",
-            "0.5.15",
-            "0.5.15.post1",
-        ),
-    },
-    "get_top_logprobs": {
-        "7ba89b35641ff649": (
-            "0.5.10",
-            "0.5.10.post1",
-            "0.5.11",
-            "0.5.12",
-            "0.5.12.post1",
-            "0.5.13",
-            "0.5.13.post1",
-            "0.5.14",
-            "0.5.15",
-            "0.5.15.post1",
-            "0.5.16",
-            "0.5.17",
-            "0.5.18",
-            "0.5.19",
-            "0.5.20",
-            "0.5.21",
-            "0.5.22",
-            "0.5.23",
-        ),
-    },
-    "get_token_ids_logprobs": {
-        "14b7aa7cc9273ea2": (
-            "0.5.10",
-            "0.5.10.post1",
-            "0.5.11",
-            "0.5.12",
-            "0.5.12.post1",
-            "0.5.13",
-            "0.5.13.post1",
-            "0.5.14",
-            "0.5.15",
-            "0.5.15.post1",
-        ),
-        "4057f850e07f45c9": ("0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20"),
-        "369fba85bf118961": ("0.5.21", "0.5.22", "0.5.23"),
-    },
-    COPY_HELPER: {
-        "2378479a2a26e13c": (
-            "0.5.15",
-            "0.5.15.post1",
-            "0.5.16",
-            "0.5.17",
-            "0.5.18",
-            "0.5.19",
-            "0.5.20",
-        ),
-        "bbd1a2aa5314e9c3": ("0.5.21", "0.5.22"),
-        "a228f14f049024fc": ("0.5.23",),
-    },
-}
-"""For each replaced function (and the chain's host copy, accepted by its
-fingerprint), its known fingerprints and the releases that have each
-(generated: see the module's docstring)."""
 
 # Fields that say nothing about what the code does, or that one Python
 # version has and another lacks.
@@ -321,72 +207,3 @@ def known(where: str, owner: type | None, name: str | types.FunctionType) -> str
             "it for every input"
         )
     return found
-
-
-FUNCTIONS = {
-    # The module-level functions flatgather replaces whole, and the modules
-    # that have defined them in some release.
-    "get_token_ids_logprobs_chunk": ("logprob_processor", "utils.logprob", "logits_processor"),
-    "get_token_ids_logprobs_prefill": ("logprob_processor", "utils.logprob", "logits_processor"),
-    "get_top_logprobs": ("logprob_processor", "utils.logprob", "logits_processor"),
-    "get_token_ids_logprobs": ("logprob_processor", "utils.logprob", "logits_processor"),
-}
-
-
-def release_functions() -> dict[str, types.FunctionType]:
-    """The running release's own function of each name of :data:`FUNCTIONS`
-    (where it defines it), imported by name."""
-    import importlib
-
-    out = {}
-    for name, places in FUNCTIONS.items():
-        for place in places:
-            try:
-                module = importlib.import_module(f"sglang.srt.layers.{place}")
-            except ImportError:
-                continue
-            fn = vars(module).get(name)
-            while getattr(fn, "__flatgather__", None) is not None:
-                fn = fn.__wrapped__
-            if isinstance(fn, types.FunctionType) and fn.__module__ == module.__name__:
-                out[name] = fn
-                break
-    return out
-
-
-def release_copy_helper() -> types.FunctionType | None:
-    """The running release's per-row host copy of ``copy_to_cpu``, if it has
-    one (``managers/utils`` imported as the tests import it: 0.5.10's needs
-    the sgl_kernel stand-in, which the logits processor must not see)."""
-    import importlib
-
-    from flatgather.testing.standins import install_sgl_kernel_stand_in
-
-    importlib.import_module("sglang.srt.layers.logits_processor")
-    install_sgl_kernel_stand_in()
-    helper = vars(importlib.import_module("sglang.srt.managers.utils")).get("_async_d2h")
-    return helper if isinstance(helper, types.FunctionType) else None
-
-
-def main() -> int:
-    """Print the running release's version and fingerprints (for the table)."""
-    from sglang.srt.layers import logits_processor
-
-    from flatgather.sglang.releases import sglang_release
-
-    cls = logits_processor.LogitsProcessor
-    found = {
-        PRUNED_STATES: fingerprint(cls, "_get_pruned_states"),
-        STORE: fingerprint(cls, "_get_hidden_states_to_store"),
-    }
-    for name, fn in release_functions().items():
-        found[name] = fingerprint(None, fn)
-    helper = release_copy_helper()
-    if helper is not None:
-        found[COPY_HELPER] = fingerprint(None, helper)
-    print(sglang_release(), " ".join(f"{k}={v}" for k, v in found.items()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

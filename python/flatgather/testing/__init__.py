@@ -21,6 +21,6 @@ def module_functions_as_shipped():
     :func:`flatgather.sglang.install` replaced are the release's own again.
     Every thread sees the swap; it holds the install lock throughout, so
     that no ``install()`` or ``uninstall()`` interleaves with it."""
-    from flatgather.sglang import installer
+    from flatgather.sglang.installer import module_functions_as_shipped
 
-    return installer._module_functions_as_shipped()
+    return module_functions_as_shipped()

@@ -124,7 +124,7 @@ BACKPORT = "draft-prefill-no-logprob"
 """SGLang PR #21589's second fix: the draft forward without logprobs."""
 
 
-class DraftPrefill(Patch):
+class DraftPrefill(Patch[source.Method, draft_check.Rewritten]):
     """``EagleDraftWorker._draft_extend_for_prefill``: the rotation gather
     and, where the method lacks it, the ``return_logprob`` backport, each
     verified or refused on its own."""
@@ -164,7 +164,7 @@ class DraftPrefill(Patch):
                 gather,
                 [ROTATION],
                 gives_up="the rotation loop left stock",
-                detail=(loop, tree, k, branch, names, gather),
+                detail=draft_check.Rewritten(loop, tree, k, branch, names, gather),
             )
         yield self._candidate(method, copy.deepcopy(method.tree), {}, [], notes=notes)
 
@@ -190,7 +190,7 @@ class DraftPrefill(Patch):
     def check(self, target, method, candidate):
         if candidate.detail is None:
             return None  # the backport alone: the release's lines and one assignment
-        problem = draft_check.verify(method, *candidate.detail)
+        problem = draft_check.verify(method, candidate.detail)
         return problem and f"checked against the release's own loop, {problem}"
 
 

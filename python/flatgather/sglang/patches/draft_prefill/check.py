@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import types
+from dataclasses import dataclass
 
 import torch
 
@@ -134,23 +135,35 @@ def _snapshot(value, objects: dict, mask: torch.Tensor | None = None):
     return value
 
 
-def verify(
-    method: source.Method,
-    loop: Loop,
-    rewritten: ast.FunctionDef,
-    k: int,
-    branch: ast.If,
-    names: Names,
-    closure: dict,
-) -> str | None:
-    """None when the rewritten block does what the release's does on every
-    probe case (and the gather applies where it should); else what differs.
+@dataclass(frozen=True)
+class Rewritten:
+    """The rotation loop rewritten, as :func:`verify` checks it."""
 
-    ``rewritten`` is the method's tree after
-    :func:`~flatgather.sglang.patches.draft_prefill.rewrite.replace_loop` (which returned
-    ``branch``), ``k`` the index of the statement of the release's body that
-    holds ``loop``, and ``closure`` what the rewritten method will call by
-    ``names``: the very functions checked here."""
+    loop: Loop
+    tree: ast.FunctionDef
+    """The method's tree after
+    :func:`~flatgather.sglang.patches.draft_prefill.rewrite.replace_loop`."""
+    k: int
+    """The index of the statement of the release's body that holds ``loop``."""
+    branch: ast.If
+    """What ``replace_loop`` returned."""
+    names: Names
+    closure: dict
+    """What the rewritten method will call by ``names``: the very functions
+    checked here."""
+
+
+def verify(method: source.Method, rewritten: Rewritten) -> str | None:
+    """None when the rewritten block does what the release's does on every
+    probe case (and the gather applies where it should); else what differs."""
+    loop, k, branch, names, closure = (
+        rewritten.loop,
+        rewritten.k,
+        rewritten.branch,
+        rewritten.names,
+        rewritten.closure,
+    )
+    rewritten = rewritten.tree
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from flatgather.sglang.compare import first_difference

@@ -15,6 +15,8 @@ why.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
+from types import MappingProxyType
 
 from flatgather.sglang.check import Answered
 from flatgather.sglang.patches.input_logprobs.check import CASES, WHOLE_CASES, verify
@@ -25,7 +27,7 @@ from flatgather.sglang.patches.input_logprobs.gather import (
     make_chunk,
     make_prefill,
 )
-from flatgather.sglang.patching import Candidate, Patch, Swap, Target, known_code
+from flatgather.sglang.patching import Candidate, Known, Option, Patch, Swap, Target, known_code
 
 __all__ = ["CHUNK", "MODULES", "PATCH", "PREFILL", "TOKEN_IDS", "InputLogprobs"]
 
@@ -36,14 +38,26 @@ TOKEN_IDS = "input-token-ids-logprobs"
 """The name of this patch in the install report."""
 
 
-class InputLogprobs(Patch):
+_DEFINED_IN = (
+    "sglang.srt.layers.logprob_processor",
+    "sglang.srt.layers.utils.logprob",
+    "sglang.srt.layers.logits_processor",
+)
+"""Where a release defines the functions (the fingerprints are read there)."""
+
+
+class InputLogprobs(Patch[types.FunctionType, tuple[Callable, Answered]]):
     """``get_token_ids_logprobs_chunk`` and ``get_token_ids_logprobs_prefill``
     in each module of :data:`MODULES` that has them, each verified on its
     own."""
 
     name = TOKEN_IDS
     modules = MODULES
-    option = "input_logprobs"
+    what = "the token-id input logprobs"
+    options = MappingProxyType(
+        {"input_logprobs": Option("gather the token-id input logprobs in one go")}
+    )
+    known = (Known(CHUNK, _DEFINED_IN, CHUNK), Known(PREFILL, _DEFINED_IN, PREFILL))
 
     def locate(self, module):
         return [
@@ -84,9 +98,6 @@ class InputLogprobs(Patch):
     def vouch(self, target, original):
         known_code(target.name, None, original)
         return ()
-
-    def where(self, module):
-        return f"{module.__name__}: the token-id input logprobs"
 
 
 PATCH = InputLogprobs()

@@ -25,13 +25,14 @@ from flatgather.sglang.patches.output_logprobs.names import (
     TOLIST,
 )
 from flatgather.sglang.patches.output_logprobs.producers import (
-    _calls,
-    _release_function,
-    _tolist,
+    OPTION,
     difference,
     producer,
+    producer_calls,
+    release_function,
+    tolist_each,
 )
-from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target, Unneeded
+from flatgather.sglang.patching import Candidate, Known, Patch, Refused, Swap, Target, Unneeded
 
 COPY_HELPERS = shapes.KNOWN[shapes.COPY_HELPER]
 """The per-tensor host copies flatgather knows (``_async_d2h`` of
@@ -105,11 +106,11 @@ def _chain_lists() -> list[tuple[list, list]]:
         raise LookupError("neither logprob module of the releases imports")
     pairs = []
     for name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
-        original = _release_function(module, name)
+        original = release_function(module, name)
         replacement, problem = producer(original, name) if original else (None, "not found")
         if replacement is None:
             raise LookupError(f"{module.__name__}.{name}: {problem}")
-        for call in _calls(name):
+        for call in producer_calls(name):
             if not call.flat:
                 continue
             expected = original(call.logprobs, call.arg, no_copy_to_cpu=True)
@@ -147,14 +148,14 @@ def _verify_chain(method: source.Method, result: Rewrite) -> str | None:
                     if flat and not flat_logprobs.registered(actual):
                         return f"{where}: the host rows are not handed on flat"
                     found = difference(
-                        flat_logprobs.rows_tolist(actual, _tolist),
+                        flat_logprobs.rows_tolist(actual, tolist_each),
                         [v.tolist() for v in expected],
                         f"{where}, then .tolist()",
                     )
                     if found:
                         return found
             # The registrations made here must not outlive the check.
-            flat_logprobs.rows_tolist(flat_rows, _tolist)
+            flat_logprobs.rows_tolist(flat_rows, tolist_each)
     return None
 
 
@@ -175,14 +176,18 @@ def methods_with_loops(owner: type) -> list[str]:
     return names
 
 
-class Chain(Patch):
+class Chain(Patch[tuple[source.Build, Rewrite], None]):
     """The methods of each class of :data:`CONSUMER_CLASSES` that copy the
     logprob lists row by row, rebuilt with those comprehensions replaced,
     each method verified on its own."""
 
     name = CONSUMERS
     modules = tuple(CONSUMER_CLASSES)
-    option = "output_logprobs"
+    what = "the logprob chain"
+    options = OPTION
+    known = (
+        Known(shapes.COPY_HELPER, ("sglang.srt.managers.utils",), "_async_d2h", imported=True),
+    )
 
     def locate(self, module):
         owner = getattr(module, CONSUMER_CLASSES.get(module.__name__, ""), None)
@@ -230,9 +235,6 @@ class Chain(Patch):
             return problem
         problem = _verify_chain(build.method, result)
         return problem and f"checked against the release's loop, {problem}"
-
-    def where(self, module):
-        return f"{module.__name__}: the logprob chain"
 
 
 PATCH = Chain()

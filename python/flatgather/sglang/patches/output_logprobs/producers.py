@@ -16,7 +16,17 @@ from flatgather.sglang.check import Answered, side_by_side
 from flatgather.sglang.compare import first_difference
 from flatgather.sglang.patches.output_logprobs import flat_logprobs
 from flatgather.sglang.patches.output_logprobs.names import PRODUCER_MODULES, PRODUCERS
-from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target, known_code
+from flatgather.sglang.patching import (
+    Candidate,
+    Known,
+    Option,
+    Patch,
+    Refused,
+    Service,
+    Swap,
+    Target,
+    known_code,
+)
 
 VOCAB = 24
 
@@ -54,7 +64,7 @@ def _host(v):
     return v.to("cpu", non_blocking=True) if torch.is_tensor(v) else v
 
 
-def _tolist(v):
+def tolist_each(v):
     return v.tolist()
 
 
@@ -70,7 +80,7 @@ class _Call:
 _logprobs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
 
-def _calls(name: str) -> Iterator[_Call]:
+def producer_calls(name: str) -> Iterator[_Call]:
     cases = _TOP_CASES if name == flat_logprobs.TOP else _ID_CASES
     for (arg, rows, flat), dtype in itertools.product(cases, (torch.float32, torch.bfloat16)):
         logprobs = _logprobs.get((rows, dtype))
@@ -101,7 +111,7 @@ def _answer(fn, call: _Call):
             continue
         try:
             host = flat_logprobs.rows_to_host(rows, _host)
-            chain.append(flat_logprobs.rows_tolist(host, _tolist))
+            chain.append(flat_logprobs.rows_tolist(host, tolist_each))
         except Exception as exc:
             chain.append({"raised": type(exc).__name__})
     return {"lists": lists, "chain": chain}
@@ -111,7 +121,7 @@ def _verify_producer(original, replacement, answers: Answered, name: str) -> str
     return side_by_side(
         original,
         replacement,
-        _calls(name),
+        producer_calls(name),
         _answer,
         answers,
         flat=lambda call: call.flat,
@@ -122,7 +132,7 @@ def _verify_producer(original, replacement, answers: Answered, name: str) -> str
     )
 
 
-def _release_function(module, name: str):
+def release_function(module, name: str):
     """The release's own function ``name`` of ``module``, under flatgather's
     replacement if one is there."""
     fn = vars(module).get(name)
@@ -138,19 +148,51 @@ why there is none): the same function sits in several modules' globals, and
 the chain's check makes its lists with it."""
 
 
-class Producers(Patch):
+class Registry(Service):
+    """The flat lists the producers hand on, registered for the chain
+    (:mod:`~flatgather.sglang.patches.output_logprobs.flat_logprobs`): once
+    the producers are reverted, lists registered before are read by the
+    release's own loops, and are dropped."""
+
+    def reverted(self):
+        flat_logprobs.clear()
+
+
+REGISTRY = Registry()
+
+OPTION = {
+    "output_logprobs": Option(
+        "hand the output logprobs of decode and verify steps from the device to the scheduler flat"
+    )
+}
+"""The ``install()`` keyword of the output logprobs' two patches."""
+
+DEFINED_IN = (
+    "sglang.srt.layers.logprob_processor",
+    "sglang.srt.layers.utils.logprob",
+    "sglang.srt.layers.logits_processor",
+)
+"""Where a release defines the producers (their fingerprints are read there)."""
+
+
+class Producers(Patch[types.FunctionType, tuple[Callable, Answered]]):
     """``get_top_logprobs`` and ``get_token_ids_logprobs`` in the globals of
     each module of :data:`PRODUCER_MODULES` that calls them, each verified
     on its own."""
 
     name = PRODUCERS
     modules = PRODUCER_MODULES
-    option = "output_logprobs"
+    what = "the output logprobs"
+    options = OPTION
+    known = (
+        Known(flat_logprobs.TOP, DEFINED_IN, flat_logprobs.TOP),
+        Known(flat_logprobs.TOKEN_IDS, DEFINED_IN, flat_logprobs.TOKEN_IDS),
+    )
 
     def locate(self, module):
         targets = []
         for name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
-            original = _release_function(module, name)
+            original = release_function(module, name)
             if original is None:
                 continue
             if vars(module)[name] is not original:
@@ -196,18 +238,13 @@ class Producers(Patch):
             _picked[original] = found
         if isinstance(found, str):
             raise Refused(found)
-        return Candidate(swaps=(Swap(target.owner, target.name, found),), applied=(PRODUCERS,))
+        return Candidate(
+            swaps=(Swap(target.owner, target.name, found),), applied=(PRODUCERS,), service=REGISTRY
+        )
 
     def vouch(self, target, original):
         known_code(target.name, None, original)
         return ()
-
-    def where(self, module):
-        return f"{module.__name__}: the output logprobs"
-
-    def reverted(self):
-        # Lists registered before now are read by the release's own loops.
-        flat_logprobs.clear()
 
 
 PATCH = Producers()

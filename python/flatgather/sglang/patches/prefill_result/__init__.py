@@ -76,23 +76,25 @@ skipped up to 0.5.13 and drained from 0.5.14). The whole check takes about
 
 from __future__ import annotations
 
+import ast
 import copy
 import importlib
 import types
+from dataclasses import dataclass
 
 from flatgather.sglang import source
 from flatgather.sglang.patches.prefill_result.check import verify
 from flatgather.sglang.patches.prefill_result.harness import (
     Harness,
     Raised,
+    Record,
     Request,
-    _Record,
     compare_without_skipped,
     skip_advances,
 )
-from flatgather.sglang.patches.prefill_result.match import _find_shape
+from flatgather.sglang.patches.prefill_result.match import find_shape
 from flatgather.sglang.patches.prefill_result.names import FIX, METHOD, MODULES
-from flatgather.sglang.patches.prefill_result.rewrite import _rewrite
+from flatgather.sglang.patches.prefill_result.rewrite import advance_in_skip
 from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target, Unneeded
 
 __all__ = [
@@ -103,8 +105,8 @@ __all__ = [
     "Harness",
     "PrefillResult",
     "Raised",
+    "Record",
     "Request",
-    "_Record",
     "compare_without_skipped",
     "owner_of",
     "release_module",
@@ -136,7 +138,20 @@ def owner_of(module) -> type | str:
     return owners[0]
 
 
-class PrefillResult(Patch):
+@dataclass(frozen=True)
+class Found:
+    """What :meth:`PrefillResult.prove` found: the stand-ins the release's
+    method ran on, that method, its proven source and a copy of its tree
+    with the loop's shape matched in it."""
+
+    harness: Harness
+    stock: types.FunctionType
+    method: source.Method
+    tree: ast.FunctionDef
+    shape: object
+
+
+class PrefillResult(Patch[Found, None]):
     """``process_batch_result_prefill`` (the mixin's or the batch result
     processor's): its skip branch advances the input logprob cursor,
     verified against the release's own method; nothing where the release
@@ -144,6 +159,7 @@ class PrefillResult(Patch):
 
     name = FIX
     modules = MODULES
+    unfixed = "SGLang issue #36938 unfixed"
 
     def locate(self, module):
         owner = owner_of(module)
@@ -170,26 +186,21 @@ class PrefillResult(Patch):
         except source.SourceMismatch as exc:
             raise Refused(str(exc)) from None
         tree = copy.deepcopy(method.tree)
-        shape = _find_shape(owner, tree)
+        shape = find_shape(owner, tree)
         if isinstance(shape, str):
             raise Refused(shape)
-        return harness, stock, method, tree, shape
+        return Found(harness, stock, method, tree, shape)
 
-    def build(self, target, proof):
-        _, _, method, tree, shape = proof
-        _rewrite(shape)
-        patched = source.build_method(method, tree, {})
+    def build(self, target, found):
+        advance_in_skip(found.shape)
+        patched = source.build_method(found.method, found.tree, {})
         yield Candidate(
             swaps=(Swap(target.owner, METHOD, patched),), applied=(FIX,), backports=(FIX,)
         )
 
-    def check(self, target, proof, candidate):
-        harness, stock = proof[:2]
-        problem = verify(harness, candidate.swaps[0].new, stock)
+    def check(self, target, found, candidate):
+        problem = verify(found.harness, candidate.swaps[0].new, found.stock)
         return problem and f"checked against the release's own method, {problem}"
-
-    def refusal(self, target, why):
-        return f"{target.where} left stock (SGLang issue #36938 unfixed): {why}"
 
 
 PATCH = PrefillResult()

@@ -60,7 +60,7 @@ class _Inert:
 INERT = _Inert()
 
 
-class _Record:
+class Record:
     """Attributes as set; any other reads as None, as an unset optional of
     SGLang's ``Req`` or ``ScheduleBatch`` does."""
 
@@ -73,7 +73,7 @@ class _Record:
         return None
 
 
-class _Req(_Record):
+class _Req(Record):
     """A request as the prefill loop and the logprob code read it."""
 
     def finished(self) -> bool:
@@ -239,7 +239,7 @@ def _imported_class(module: types.ModuleType, name: str) -> type | None:
 
 def _snapshot(value):
     """``value`` as plain data: records as dicts, tensors as lists."""
-    if isinstance(value, _Record):
+    if isinstance(value, Record):
         return {k: _snapshot(v) for k, v in vars(value).items() if v is not INERT}
     if isinstance(value, (list, tuple)):
         return type(value)(_snapshot(v) for v in value)
@@ -272,7 +272,7 @@ class Harness:
         if code is None:
             raise TypeError(f"{owner.__qualname__}.{METHOD} is not a plain function")
         own = _reached(owner, (n for n in _names(code) if "logprob" in n))
-        attrs = {"model_config": _Record(vocab_size=_VOCAB), "is_generation": True}
+        attrs = {"model_config": Record(vocab_size=_VOCAB), "is_generation": True}
         reached = set().union(*(_names(_descriptor_code(_function(owner, n))) for n in own))
         # The logprob processor (0.5.13 on): an attribute whose name says
         # logprob, of the class its annotation names.
@@ -281,7 +281,7 @@ class Harness:
             cls = _imported_class(module, annotation) if annotation else None
             functions = _reached(cls, reached) if cls is not None else set()
             if functions:
-                config = {"model_config": _Record(vocab_size=_VOCAB)}
+                config = {"model_config": Record(vocab_size=_VOCAB)}
                 attrs[name] = _stand_in(cls, functions, config, self.overlays)
         self.functions = own
         """The names of ``owner``'s methods the stand-in ``self`` runs."""
@@ -312,7 +312,7 @@ class Harness:
             time_stats=INERT,
             grammar=None,
             input_token_logprobs=None,
-            logprob=_Record(**logprob()),
+            logprob=Record(**logprob()),
             **logprob(),
         )
 
@@ -381,7 +381,7 @@ class Harness:
         keep = range(len(specs)) if keep is None else list(keep)
         batch = [(k, specs[k]) for k in keep]
         reqs = {k: self._request(k, spec) for k, spec in batch}
-        result = _Record(
+        result = Record(
             logits_output=self._output(batch, return_logprob),
             next_token_ids=torch.tensor([20000 + k for k, _ in batch], dtype=torch.int64),
             extend_input_len_per_req=[s.extend for _, s in batch] if return_logprob else None,
@@ -389,7 +389,7 @@ class Harness:
                 [s.start for _, s in batch] if return_logprob else None
             ),
         )
-        schedule_batch = _Record(
+        schedule_batch = Record(
             reqs=list(reqs.values()),
             return_logprob=return_logprob,
             decoding_reqs=None,

@@ -1,6 +1,6 @@
 """The shape of the release's method the #36938 patch knows: the
 generation loop, its skip branch and the release's own advance of the
-input-logprob cursor (:func:`_find_shape`)."""
+input-logprob cursor (:func:`find_shape`)."""
 
 from __future__ import annotations
 
@@ -249,13 +249,13 @@ _PURE = (
 
 
 @dataclass
-class _Shape:
+class Shape:
     loop: _Loop
     skip: ast.If
     advance: _Advance
 
 
-def _find_shape(owner: type, tree: ast.FunctionDef) -> _Shape | str:
+def find_shape(owner: type, tree: ast.FunctionDef) -> Shape | str:
     params = [p.arg for p in (*tree.args.posonlyargs, *tree.args.args)]
     if not params:
         return "it has no self parameter"
@@ -318,4 +318,4 @@ def _find_shape(owner: type, tree: ast.FunctionDef) -> _Shape | str:
         names = {n.id for n in ast.walk(guard) if isinstance(n, ast.Name)}
         if names & (body_stores - targets):
             return f"the advance's condition `{ast.unparse(guard)}` reads names the loop binds"
-    return _Shape(loop, skip, advance)
+    return Shape(loop, skip, advance)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import copy
 
-from flatgather.sglang.patches.prefill_result.match import _Shape
+from flatgather.sglang.patches.prefill_result.match import Shape
 
 
 def _placed(node: ast.AST, like: ast.AST) -> ast.AST:
@@ -16,7 +16,7 @@ def _placed(node: ast.AST, like: ast.AST) -> ast.AST:
     return node
 
 
-def _rewrite(shape: _Shape) -> None:
+def advance_in_skip(shape: Shape) -> None:
     """Put the advance before the skip branch's ``continue`` (in place)."""
     a, loop = shape.advance, shape.loop
 

@@ -23,8 +23,9 @@ the release (``install()`` raises, nothing is patched). Its steps:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from flatgather.sglang import shapes
+from flatgather.sglang import releases, shapes
 from flatgather.sglang.patches.pruned_states import probe
 from flatgather.sglang.patches.pruned_states.gather import (
     Contract,
@@ -38,7 +39,17 @@ from flatgather.sglang.patches.pruned_states.lazy_aux import (
     make_forward,
     make_hidden_states_to_store,
 )
-from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target, known_code
+from flatgather.sglang.patching import (
+    Candidate,
+    Known,
+    Option,
+    Patch,
+    Refused,
+    Service,
+    Swap,
+    Target,
+    known_code,
+)
 
 __all__ = [
     "MODULE",
@@ -82,26 +93,61 @@ class Probed:
                     self.store_unknown = str(exc)
 
 
-@dataclass(frozen=True)
-class Pruning:
-    """What the install report and ``uninstall()`` take from this patch."""
+@dataclass(frozen=True, eq=False)
+class Pruning(Service):
+    """What stays in service with the pruning: the probe's verdict for the
+    install report, and lazy aux pruning's gate, which ``uninstall()``
+    closes and drains."""
 
     probed: Probed
     gate: LazyGate | None
     """Lazy aux pruning's gate, where it is on."""
     lazy_full: bool
 
+    def report(self):
+        verdict = self.probed.verdict
+        return {
+            "contract": verdict.contract,
+            "lazy_aux": self.gate is not None,
+            "lazy_full": self.gate is not None and self.lazy_full,
+            "probe_seconds": verdict.seconds,
+        }
 
-class PrunedStates(Patch):
+    def busy_here(self):
+        if self.gate is not None and self.gate.current():
+            return "inside LogitsProcessor.forward"
+        return None
+
+    def drain(self, timeout):
+        return self.gate is None or self.gate.close(timeout)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A candidate's lazy aux pruning, for :meth:`PrunedStates.check`."""
+
+    lazy: bool
+    full: bool
+
+
+class PrunedStates(Patch[Probed, Mode]):
     name = "pruned-states"
     modules = (MODULE,)
     required = True
-
-    def __init__(self, lazy_aux: bool = True) -> None:
-        self.lazy_aux = lazy_aux
-
-    def configure(self, options):
-        return PrunedStates(lazy_aux=options.get("lazy_aux", True))
+    options = MappingProxyType(
+        {
+            "lazy_aux": Option(
+                "inside forward, gather the EAGLE3 aux layers only at the rows stored "
+                "(where the probe verified it)",
+                switch=False,
+            )
+        }
+    )
+    known = (
+        Known(shapes.PRUNED_STATES, (MODULE,), METHOD, "LogitsProcessor"),
+        Known(shapes.STORE, (MODULE,), STORE, "LogitsProcessor"),
+    )
+    lazy_aux = True
 
     def locate(self, module):
         owner = getattr(module, "LogitsProcessor", None)
@@ -140,28 +186,28 @@ class PrunedStates(Patch):
                     applied=(self.name, "lazy-aux"),
                     backports=contract.backports,
                     gives_up=gives_up,
-                    detail=("lazy", full),
-                    about=Pruning(probed, gate, full),
+                    detail=Mode(lazy=True, full=full),
+                    service=Pruning(probed, gate, full),
                 )
         yield Candidate(
             swaps=(Swap(target.owner, METHOD, make_pruned_states(raw[METHOD], contract)),),
             applied=(self.name,),
             backports=contract.backports,
-            detail=("eager", False),
-            about=Pruning(probed, None, False),
+            detail=Mode(lazy=False, full=False),
+            service=Pruning(probed, None, False),
         )
 
     def check(self, target, probed, candidate):
         probed.checked(target.owner)
         if probed.problem:
             return probed.problem
-        kind, full = candidate.detail
+        mode = candidate.detail
         verdict = probed.verdict
-        if kind == "lazy" and not verdict.lazy_aux:
+        if mode.lazy and not verdict.lazy_aux:
             return verdict.lazy_aux_note
-        if kind == "lazy" and probed.store_unknown:
+        if mode.lazy and probed.store_unknown:
             return probed.store_unknown
-        if full and not verdict.lazy_full:
+        if mode.full and not verdict.lazy_full:
             return verdict.lazy_full_note
         return None
 
@@ -178,24 +224,27 @@ class PrunedStates(Patch):
                 "this host has no CUDA and the release's _get_pruned_states pins memory "
                 "unconditionally: the probe ran it with pin_memory=False (pinning changes no value)"
             )
+        notes += _table_notes(verdict.contract)
         return tuple(notes)
 
-    # --- what the installer asks of a patch that holds state ----------------------------------
 
-    def report(self, about: Pruning) -> dict:
-        verdict = about.probed.verdict
-        return {
-            "contract": verdict.contract,
-            "lazy_aux": about.gate is not None,
-            "lazy_full": about.gate is not None and about.lazy_full,
-            "probe_seconds": verdict.seconds,
-        }
-
-    def busy_here(self, about: Pruning) -> bool:
-        return about.gate is not None and about.gate.current()
-
-    def drain(self, about: Pruning, timeout: float | None) -> bool:
-        return about.gate is None or about.gate.close(timeout)
+def _table_notes(contract: Contract) -> list[str]:
+    """Where the release table's row for the running release says other than
+    the probe found: the probe verified what runs; the table describes the
+    published wheel."""
+    release = releases.sglang_release()
+    row = releases.by_version(release)
+    if row is None:
+        return []
+    expected = Contract(
+        row.trailing_token_to_seq, row.packed_aux, row.writes_cpu_indices, row.prunes_aux
+    )
+    if expected == contract:
+        return []
+    return [
+        f"the running SGLang {release} differs from the published wheel "
+        f"(table: {expected.describe()}); the probe's contract is used"
+    ]
 
 
 PATCH = PrunedStates()

@@ -29,8 +29,8 @@ from flatgather._staging import stage
 from flatgather.sglang.patches.pruned_states.lazy_aux import (
     LazyAuxPruned,
     LazyGate,
-    _copy_rows,
-    _lazy_pays,
+    copy_rows,
+    lazy_pays,
 )
 
 __all__ = ["Contract", "make_pruned_states", "uses_release_code"]
@@ -189,7 +189,7 @@ def make_pruned_states(
             input_logprob_indices = torch.arange(plan.num_input_logprob, device=device)
 
             def take(tensor):
-                return _copy_rows(tensor, rows)
+                return copy_rows(tensor, rows)
         else:
             index = stage(
                 plan.buffer_len(False), functools.partial(plan.fill, token_to_seq=False), device
@@ -213,7 +213,7 @@ def make_pruned_states(
             # A subclass's own store would be handed the lazy object unresolved.
             and store is not None
             and getattr(type(self), "_get_hidden_states_to_store", None) is store
-            and _lazy_pays(logits_metadata, plan, lazy_full)
+            and lazy_pays(logits_metadata, plan, lazy_full)
         ):
             aux_pruned_states = LazyAuxPruned(
                 aux_hidden_states, gather, sample_indices, plan.num_tokens - 1

@@ -38,6 +38,8 @@ __all__ = [
     "LazyAuxPruned",
     "LazyAuxRead",
     "LazyGate",
+    "copy_rows",
+    "lazy_pays",
     "lazy_scope",
     "make_forward",
     "make_hidden_states_to_store",
@@ -45,7 +47,7 @@ __all__ = [
 ]
 
 
-def _lazy_pays(logits_metadata, plan, lazy_full: bool) -> bool:
+def lazy_pays(logits_metadata, plan, lazy_full: bool) -> bool:
     """Whether gathering the aux layers lazily saves work: always under NULL
     capture (nothing is read), under LAST for one request (its sampled row is
     a slice) or when the batch keeps more rows than it samples (else the lazy
@@ -59,7 +61,7 @@ def _lazy_pays(logits_metadata, plan, lazy_full: bool) -> bool:
     return plan.batch_size == 1 or plan.num_pruned > plan.batch_size
 
 
-def _copy_rows(tensor: torch.Tensor, rows: slice) -> torch.Tensor:
+def copy_rows(tensor: torch.Tensor, rows: slice) -> torch.Tensor:
     """``tensor[rows]`` as a tensor of its own, made as the release makes
     one request's pruned states: a ``torch.cat`` of its one slice."""
     return torch.cat([tensor[rows]])
@@ -116,9 +118,9 @@ class LazyAuxPruned:
         rows = slice(self.last, self.last + 1)
         aux = self.aux
         if isinstance(aux, torch.Tensor):
-            return _copy_rows(aux, rows)
+            return copy_rows(aux, rows)
         if len(aux) < 2:
-            return [_copy_rows(layer, rows) for layer in aux]
+            return [copy_rows(layer, rows) for layer in aux]
         return [layer[rows] for layer in aux]
 
     def _refuse(self, *args, **kwargs):
