@@ -13,6 +13,7 @@ import types
 import flatgather.sglang as fs
 import pytest
 from flatgather.sglang import installer, patching
+from flatgather.sglang import patches as rooms
 from flatgather.sglang.patching import (
     Candidate,
     Option,
@@ -200,8 +201,8 @@ def with_patch(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, MODULE, raising=False)
     patch = Doubling()
-    every = installer.all_patches
-    monkeypatch.setattr(installer, "all_patches", lambda: (*every(), patch))
+    every = rooms.patches
+    monkeypatch.setattr(rooms, "patches", lambda: (*every(), patch))
     yield patch
     sys.modules.pop(MODULE, None)
 

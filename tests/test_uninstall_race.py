@@ -19,6 +19,7 @@ from _forward import make_processor, release_outputs
 from _sglang import LogitsProcessor, assert_same, oracle_context
 from flatgather.bench.batches import forward_metadata, output_fields
 from flatgather.sglang import installer
+from flatgather.sglang import patches as rooms
 from flatgather.sglang.patching import Patch, Prepared
 from test_forward import HIDDEN, VOCAB, make_tensors
 
@@ -241,8 +242,8 @@ def test_a_forward_may_call_flatgather_while_uninstall_waits_for_it(
                 prepared.append(module)
                 return Prepared()
 
-        every = installer.all_patches
-        monkeypatch.setattr(installer, "all_patches", lambda: (*every(), Recording()))
+        every = rooms.patches
+        monkeypatch.setattr(rooms, "patches", lambda: (*every(), Recording()))
 
         def action():
             importlib.import_module(module_name)

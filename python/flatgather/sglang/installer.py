@@ -31,8 +31,8 @@ from types import MappingProxyType, ModuleType
 from typing import Any
 
 from flatgather import _import_hooks
+from flatgather.sglang import patches as rooms
 from flatgather.sglang import releases
-from flatgather.sglang.patches import patches as all_patches
 from flatgather.sglang.patching import Option, Patch, Prepared, Service, Swap, apply_all, revert_all
 from flatgather.sglang.releases import sglang_release
 
@@ -153,7 +153,7 @@ def install_options() -> dict[str, Option]:
     """Every ``install()`` keyword, from the patches that declare it
     (:attr:`flatgather.sglang.patching.Patch.options`)."""
     found: dict[str, Option] = {}
-    for patch in all_patches():
+    for patch in rooms.patches():
         found.update(patch.options)
     return found
 
@@ -241,7 +241,7 @@ def install(force: bool = False, **options: bool) -> InstallReport:
             return _state.report()
         release = sglang_release()
         state = _Installed(release)
-        chosen = [p for p in (patch.configure(options) for patch in all_patches()) if p]
+        chosen = [p for p in (patch.configure(options) for patch in rooms.patches()) if p]
         said: tuple[str, ...] = ()
         _state = state
         try:

@@ -200,10 +200,11 @@ def known(where: str, owner: type | None, name: str | types.FunctionType) -> str
         found = fingerprint(owner, name)
     except source.SourceMismatch as exc:
         raise UnknownShape(f"{where} is not code flatgather has seen: {exc}") from None
-    if found not in KNOWN[where]:
+    seen = KNOWN.get(where, {})
+    if found not in seen:
         raise UnknownShape(
             f"{where} is not code flatgather has seen (fingerprint {found}; known: "
-            f"{', '.join(sorted(KNOWN[where])) or 'none'}): its probe's batches cannot prove "
+            f"{', '.join(sorted(seen)) or 'none'}): its probe's batches cannot prove "
             "it for every input"
         )
     return found
