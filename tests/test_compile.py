@@ -52,7 +52,7 @@ def test_fullgraph_compile_of_the_patched_decode_forward(capture, aux):
 
 def test_compiled_code_never_builds_a_plan(monkeypatch):
     """Even in the logprob branch, compiled code runs the release's code."""
-    from flatgather.sglang.patches.pruned_states import gather
+    from flatgather.sglang.patches.pruned_states import runtime as gather
 
     def refuse(*args, **kwargs):
         raise AssertionError("a plan was built under torch.compile")

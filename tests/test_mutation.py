@@ -171,7 +171,7 @@ def test_the_chain_oracle_sees_a_stage_that_moves_rows(tmp_path, monkeypatch):
     rotated (for four rows or more) and the install-time check switched
     off, on the release's own copy_to_cpu, is silently different."""
     from flatgather.sglang.patches import output_logprobs
-    from flatgather.sglang.patches.output_logprobs import flat_logprobs
+    from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
 
     target = TARGETS["GenerationBatchResult.copy_to_cpu"]
     _, tree, node = targets.release_tree(target)

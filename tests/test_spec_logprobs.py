@@ -1,5 +1,5 @@
 """The output-logprob chain of decode and speculative verify steps
-(flatgather.sglang.patches.output_logprobs.flat_logprobs): flat, and bit-exact with the release.
+(flatgather.sglang.patches.output_logprobs.runtime): flat, and bit-exact with the release.
 
 The oracle is always the release's own chain, its stage objects taken
 before any install (flatgather.bench.spec_chain): its spec logprob

@@ -584,7 +584,7 @@ def targets() -> list[Target]:
         output_logprobs,
         prefill_result,
     )
-    from flatgather.sglang.patches.output_logprobs import flat_logprobs
+    from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
 
     _stand_ins()
     replaced_whole = []

@@ -42,7 +42,7 @@ from collections.abc import Iterator
 import torch
 
 from flatgather import testing
-from flatgather.sglang.patches.output_logprobs import flat_logprobs
+from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
 
 SPEC_FUNCTIONS = (
     ("sglang.srt.layers.logprob_processor", "compute_spec_logprobs"),

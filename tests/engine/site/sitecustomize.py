@@ -40,20 +40,18 @@ TRACE = os.environ.get("FLATGATHER_ENGINE_TRACE")
 
 # module -> (attribute path, marker)
 MARKERS = {
-    "flatgather.sglang.patches.pruned_states.gather": (
+    "flatgather.sglang.patches.pruned_states.runtime": (
         ("PrunePlan", "prune: flat plan (B >= 2)"),
-        ("_copy_rows", "prune: one-request copy"),
-    ),
-    "flatgather.sglang.patches.pruned_states.lazy_aux": (
+        ("copy_rows", "prune: one-request copy"),
         ("LazyAuxPruned.resolve", "prune: lazy aux resolved at the store"),
     ),
-    "flatgather.sglang.patches.input_logprobs.gather": (
+    "flatgather.sglang.patches.input_logprobs.runtime": (
         ("TokenIdsPlan", "input logprobs: token-id plan"),
     ),
-    "flatgather.sglang.patches.draft_prefill.rotate": (
+    "flatgather.sglang.patches.draft_prefill.runtime": (
         ("RotationPlan", "draft prefill: flat rotation"),
     ),
-    "flatgather.sglang.patches.output_logprobs.flat_logprobs": (
+    "flatgather.sglang.patches.output_logprobs.runtime": (
         ("SpecLogprobsPlan.top_k", "output logprobs: top-k plan"),
         ("SpecLogprobsPlan.token_ids", "output logprobs: token-id plan"),
         ("rows_to_host", "output chain: rebuilt host-copy loop"),

@@ -41,10 +41,10 @@ installed function's own syntax tree:
 
    The lengths are evaluated once, as the release's ``for`` evaluates them;
    the source, tails and destinations only where the release's loop would
-   iterate at least once (:func:`~flatgather.sglang.patches.draft_prefill.rotate.takes`: two
+   iterate at least once (:func:`~flatgather.sglang.patches.draft_prefill.runtime.takes`: two
    requests or more), in the order its first iteration evaluates them.
 
-   :func:`~flatgather.sglang.patches.draft_prefill.rotate.rotate` takes only inputs it
+   :func:`~flatgather.sglang.patches.draft_prefill.runtime.rotate` takes only inputs it
    reproduces exactly (positive lengths that sum to the rows of
    ``input_ids``, one tail per request, one device, and so on); for anything
    else it returns None before touching a tensor and the release's own loop
@@ -75,7 +75,7 @@ Where each part lives
 - this module: the names of what is patched, and :class:`DraftPrefill`,
   the patch, whose steps (:class:`~flatgather.sglang.patching.Patch`) are
   the ones above;
-- :mod:`~flatgather.sglang.patches.draft_prefill.rotate`: what runs in the server on each
+- :mod:`~flatgather.sglang.patches.draft_prefill.runtime`: what runs in the server on each
   prefill step (``rotate`` and ``takes``), the only part the patched method
   calls;
 - :mod:`~flatgather.sglang.patches.draft_prefill.match`: the matcher (step 2);
@@ -96,7 +96,7 @@ from flatgather.sglang import source
 from flatgather.sglang.patches.draft_prefill import check as draft_check
 from flatgather.sglang.patches.draft_prefill import match as draft_match
 from flatgather.sglang.patches.draft_prefill import rewrite as draft_rewrite
-from flatgather.sglang.patches.draft_prefill.rotate import rotate, takes
+from flatgather.sglang.patches.draft_prefill.runtime import rotate, takes
 from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target
 
 __all__ = [

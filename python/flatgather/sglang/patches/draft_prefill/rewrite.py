@@ -1,6 +1,6 @@
 """The rewrite of ``EagleDraftWorker._draft_extend_for_prefill``'s syntax
 tree: the rotation loop :mod:`~flatgather.sglang.patches.draft_prefill.match` found becomes
-the call of :func:`~flatgather.sglang.patches.draft_prefill.rotate.rotate` with the loop as
+the call of :func:`~flatgather.sglang.patches.draft_prefill.runtime.rotate` with the loop as
 its fallback (:func:`replace_loop`), and ``<fb>.return_logprob = False`` goes
 in after ``ForwardBatch.init_new`` where the release lacks it
 (:func:`add_no_logprob`, SGLang PR #21589's second fix). Each edits a copy of
@@ -76,7 +76,7 @@ class Names:
 
 
 def replace_loop(tree: ast.FunctionDef, loop: Loop, names: Names) -> ast.If:
-    """Put the call of :func:`~flatgather.sglang.patches.draft_prefill.rotate.rotate` (by
+    """Put the call of :func:`~flatgather.sglang.patches.draft_prefill.runtime.rotate` (by
     ``names.rotate``), with the release's loop as its fallback, in place of
     the loop; returns the new ``if``::
 

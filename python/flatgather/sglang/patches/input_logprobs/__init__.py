@@ -1,5 +1,5 @@
 """The token-id input logprobs, each function replaced by one gather
-(:mod:`~flatgather.sglang.patches.input_logprobs.gather`: what runs) where
+(:mod:`~flatgather.sglang.patches.input_logprobs.runtime`: what runs) where
 its replacement is verified against it
 (:mod:`~flatgather.sglang.patches.input_logprobs.check`: the cases).
 
@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 from flatgather.sglang.check import Answered
 from flatgather.sglang.patches.input_logprobs.check import CASES, WHOLE_CASES, verify
-from flatgather.sglang.patches.input_logprobs.gather import (
+from flatgather.sglang.patches.input_logprobs.runtime import (
     CHUNK,
     PREFILL,
     Walk,

@@ -1,6 +1,6 @@
 """The output logprobs of decode and speculative verify steps, handed from
 the device to the scheduler flat (what runs:
-:mod:`~flatgather.sglang.patches.output_logprobs.flat_logprobs`), where the
+:mod:`~flatgather.sglang.patches.output_logprobs.runtime`), where the
 running release keeps them, and the proof, before anything is patched, that
 flatgather's chain gives exactly the release's answer.
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from flatgather.sglang import shapes, source
-from flatgather.sglang.patches.output_logprobs import flat_logprobs
+from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
 from flatgather.sglang.patches.output_logprobs.loops import Rewrite, helper_call, rewrite
 from flatgather.sglang.patches.output_logprobs.names import (
     CONSUMER_CLASSES,

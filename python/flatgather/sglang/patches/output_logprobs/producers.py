@@ -14,7 +14,7 @@ import torch
 
 from flatgather.sglang.check import Answered, side_by_side
 from flatgather.sglang.compare import first_difference
-from flatgather.sglang.patches.output_logprobs import flat_logprobs
+from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
 from flatgather.sglang.patches.output_logprobs.names import PRODUCER_MODULES, PRODUCERS
 from flatgather.sglang.patching import (
     Candidate,
@@ -150,7 +150,7 @@ the chain's check makes its lists with it."""
 
 class Registry(Service):
     """The flat lists the producers hand on, registered for the chain
-    (:mod:`~flatgather.sglang.patches.output_logprobs.flat_logprobs`): once
+    (:mod:`~flatgather.sglang.patches.output_logprobs.runtime`): once
     the producers are reverted, lists registered before are read by the
     release's own loops, and are dropped."""
 

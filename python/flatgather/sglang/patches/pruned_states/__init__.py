@@ -1,8 +1,8 @@
 """``LogitsProcessor._get_pruned_states``, its logprob branch replaced by
 one plan and one gather per tensor
-(:mod:`~flatgather.sglang.patches.pruned_states.gather`), and the lazy aux
+(:mod:`~flatgather.sglang.patches.pruned_states.runtime`), and the lazy aux
 pruning that rides on it
-(:mod:`~flatgather.sglang.patches.pruned_states.lazy_aux`).
+(:mod:`~flatgather.sglang.patches.pruned_states.runtime`).
 
 Everything else builds on this patch, so it is the one whose refusal refuses
 the release (``install()`` raises, nothing is patched). Its steps:
@@ -27,17 +27,15 @@ from types import MappingProxyType
 
 from flatgather.sglang import releases, shapes
 from flatgather.sglang.patches.pruned_states import probe
-from flatgather.sglang.patches.pruned_states.gather import (
+from flatgather.sglang.patches.pruned_states.runtime import (
     Contract,
-    make_pruned_states,
-    uses_release_code,
-)
-from flatgather.sglang.patches.pruned_states.lazy_aux import (
     LazyAuxPruned,
     LazyGate,
     lazy_scope,
     make_forward,
     make_hidden_states_to_store,
+    make_pruned_states,
+    uses_release_code,
 )
 from flatgather.sglang.patching import (
     Candidate,

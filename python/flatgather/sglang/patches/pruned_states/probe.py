@@ -33,7 +33,7 @@ It also checks, on the same batches, that:
   result flows into ``_get_hidden_states_to_store`` and nowhere else (read
   off its bytecode). If either fails, lazy aux pruning stays off;
 * under FULL capture the release's store reads no pruned aux row: it is
-  handed a :class:`~flatgather.sglang.patches.pruned_states.lazy_aux.LazyAuxPruned`, which
+  handed a :class:`~flatgather.sglang.patches.pruned_states.runtime.LazyAuxPruned`, which
   fails on any use, and must store what it stores from the full result.
   Only then does FULL capture gather no aux row.
 
@@ -57,11 +57,12 @@ from types import ModuleType
 import torch
 
 from flatgather.sglang.compare import first_difference
-from flatgather.sglang.patches.pruned_states.gather import Contract, make_pruned_states
-from flatgather.sglang.patches.pruned_states.lazy_aux import (
+from flatgather.sglang.patches.pruned_states.runtime import (
+    Contract,
     LazyGate,
     lazy_scope,
     make_hidden_states_to_store,
+    make_pruned_states,
     store_problem,
 )
 from flatgather.sglang.unpinned import Unpinned, first_run, within
