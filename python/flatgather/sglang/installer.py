@@ -97,6 +97,8 @@ class _Installed:
     outcomes: list[PatchReport] = field(default_factory=list)
     pending: dict[tuple[str, Patch], Any] = field(default_factory=dict)
     """``(module name, patch)`` -> its import callback."""
+    configured: list[Patch] = field(default_factory=list)
+    """Every patch this installation walks."""
     in_service: list[Patch] = field(default_factory=list)
     """Each patch with a swap applied, once."""
     held: list[tuple[Patch, Any]] = field(default_factory=list)
@@ -247,6 +249,8 @@ def install(
         release = sglang_release()
         state = _Installed(release)
         chosen = [p for p in (patch.configure(options) for patch in all_patches()) if p]
+        state.configured = chosen
+        _forget(state)
         said: tuple[str, ...] = ()
         _state = state
         try:
@@ -273,6 +277,7 @@ def install(
             _state = None
             _cancel_pending(state)
             revert_all(state.swaps)
+            _forget(state)
             raise
         table = _table_notes(release, state.fields.get("contract"))
         state.notes[:0] = table
@@ -280,6 +285,11 @@ def install(
         for note in (*table, *said):
             log.info("flatgather: %s", note)
         return state.report()
+
+
+def _forget(state: _Installed) -> None:
+    for patch in state.configured:
+        patch.forget()
 
 
 def _cancel_pending(state: _Installed) -> None:
@@ -327,6 +337,7 @@ def uninstall(timeout: float | None = None) -> bool:
         state.swaps.clear()
         for patch in reversed(state.in_service):
             patch.reverted()
+        _forget(state)
         return True
 
 

@@ -266,6 +266,13 @@ class Patch:
         """After every swap is reverted: drop what the patch's code left
         for later calls."""
 
+    def forget(self) -> None:
+        """When an installation begins and when it ends (uninstalled, or
+        failed), for every patch it configured, in service or not: drop
+        what the patch remembers from one module to the next (verdicts of
+        the release's code), so that each installation judges the code it
+        finds and none leaves anything behind."""
+
     # --- the walk ------------------------------------------------------------------------------
 
     def prepare(self, module: ModuleType) -> Prepared:

@@ -9,6 +9,7 @@ import itertools
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -135,7 +136,23 @@ def _release_function(module, name: str):
 _picked: dict[Callable, Callable | str] = {}
 """The release's function -> flatgather's replacement of it, verified (or
 why there is none): the same function sits in several modules' globals, and
-the chain's check makes its lists with it."""
+the chain's check makes its lists with it. It lives as long as one
+installation (:meth:`Producers.forget`): the next one checks the code it
+finds, which may have changed since."""
+
+
+@dataclass
+class _Rebind(Swap):
+    """A swap whose revert puts back the release's own function, whatever
+    the name held when it was applied: a module that imported the name from
+    one flatgather had patched holds flatgather's replacement, which must
+    not outlive the installation."""
+
+    release: Any = None
+
+    def apply(self) -> None:
+        super().apply()
+        self.original = self.release
 
 
 class Producers(Patch):
@@ -150,21 +167,17 @@ class Producers(Patch):
     def locate(self, module):
         targets = []
         for name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
-            original = _release_function(module, name)
-            if original is None:
-                continue
-            if vars(module)[name] is not original:
-                # The module imported the name from one flatgather had
-                # patched (0.5.10's worker, the sampler, imported after
-                # install()): it gets the release's own back first, so that
-                # this patch is checked against it and uninstall() restores it.
-                setattr(module, name, original)
-            targets.append(Target(module, name, module))
+            if _release_function(module, name) is not None:
+                targets.append(Target(module, name, module))
         return targets
 
     def prove(self, target):
         # Replaced whole, behind its check: what it is, :meth:`vouch` says.
-        return vars(target.owner)[target.name]
+        # Under flatgather's replacement where the module imported the name
+        # from one flatgather had patched (0.5.10's worker, the sampler,
+        # imported after install()): the release's own is checked, and
+        # restored by uninstall() (:class:`_Rebind`).
+        return _release_function(target.owner, target.name)
 
     def build(self, target, original):
         """One candidate per walk: the one checked counts its answers; the
@@ -196,7 +209,8 @@ class Producers(Patch):
             _picked[original] = found
         if isinstance(found, str):
             raise Refused(found)
-        return Candidate(swaps=(Swap(target.owner, target.name, found),), applied=(PRODUCERS,))
+        swap = _Rebind(target.owner, target.name, found, release=original)
+        return Candidate(swaps=(swap,), applied=(PRODUCERS,))
 
     def vouch(self, target, original):
         known_code(target.name, None, original)
@@ -208,6 +222,9 @@ class Producers(Patch):
     def reverted(self):
         # Lists registered before now are read by the release's own loops.
         flat_logprobs.clear()
+
+    def forget(self):
+        _picked.clear()
 
 
 PATCH = Producers()
