@@ -399,6 +399,16 @@ def summarize(rows: list[dict], profiled: list[dict]) -> dict:
     others = [r["others_cores"] for r in rows if r["others_cores"] is not None]
     own = [r["own_cores"] for r in rows if r["own_cores"] is not None]
     out = {
+        # Checked: each call's answers equal the first engine's to that call.
+        # Recorded: whether calls agree with one another too (1: one set).
+        "distinct_answers": len(
+            {
+                digest
+                for r in rows + profiled
+                for side in ("off", "on")
+                for digest in r[side]["answers_sha256"]
+            }
+        ),
         "ratio": interval(ratios),
         "ratios": ratios,
         "rounds": len(rows),
@@ -480,7 +490,12 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
         "- **answers:** every call of every engine, warm-up and timed, timing and profiled "
         "rounds, both sides, was compared bit for bit with the first engine's answers to the "
         f"same call (the first engine of each size is the reference): {machine['compared']} "
-        "calls, all identical (a difference stops the run). No stock engine logged anything "
+        "calls, all identical (a difference stops the run); "
+        + ", ".join(
+            f"{s['distinct_answers']} distinct set(s) of answers at {n} running"
+            for n, s in results.items()
+        )
+        + " over all calls. No stock engine logged anything "
         "from flatgather; every flatgather engine logged that it was active, the same lines "
         "each time",
         f"- **machine:** 1-minute load average {machine['load_before']:.2f} before, "
