@@ -104,7 +104,7 @@ def test_the_oracle_runs_the_unchanged_function(name, tmp_path):
     assert record.reached is None or record.reached > 0, record
 
 
-def _with_edit(tmp_path, target, old: str, new: str):
+def _with_edit(tmp_path, target, old: str, new: str, cases: int = 60):
     """The release's function with one line's text replaced (a compound
     edit no generated mutant makes), judged."""
     _, tree, node = targets.release_tree(target)
@@ -112,7 +112,8 @@ def _with_edit(tmp_path, target, old: str, new: str):
     if old not in text:
         pytest.skip(f"no {old!r} in this release's {target.name}")
     (edited,) = ast.parse(text.replace(old, new, 1)).body
-    return judge(target, Edited("edited", 0, (), False, new, edited), tree, node, tmp_path, 60, 0)
+    mutant = Edited("edited", 0, (), False, new, edited)
+    return judge(target, mutant, tree, node, tmp_path, cases, 0)
 
 
 LONG_REQUESTS = (
@@ -194,7 +195,9 @@ def test_lazy_aux_needs_a_store_flatgather_has_seen(tmp_path, monkeypatch):
     oracle sees it, with the gate on lazy aux stays off."""
     target = TARGETS["LogitsProcessor._get_hidden_states_to_store"]
     monkeypatch.setattr(targets, "SHAPE_GATE", False)
-    record = _with_edit(tmp_path, target, *SMALL_BATCHES_ONLY)
+    # Only a large prefill with logprobs and list aux layers, captured LAST,
+    # takes the edited branch: one input in tens.
+    record = _with_edit(tmp_path, target, *SMALL_BATCHES_ONLY, cases=150)
     assert record.verdict == "silently different", record
     monkeypatch.setattr(targets, "SHAPE_GATE", True)
     record = _with_edit(tmp_path, target, *SMALL_BATCHES_ONLY)

@@ -156,9 +156,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "_get_hidden_states_to_store",
         EQUIVALENT,
-        "`pack_aux_hidden_states` returns a tensor as it is: packing twice packs once",
+        "`pack_aux_hidden_states` returns a tensor as it is: packing twice packs once, and "
+        "it is the only name the branch binds from one it binds",
         operator="statement duplicated",
-        code=r"`\w+ = pack_aux_hidden_states\(.*",
+        code=r"`(\w+ = pack_aux_hidden_states\(.*|if logits_metadata\.capture_hidden_mode\."
+        r"is_last\(\):|if aux_hidden_states is not None:)`?",
     ),
     Rule(
         "_normalize_decode_outputs",

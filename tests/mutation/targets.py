@@ -648,8 +648,10 @@ class _PrunedBatch:
             mode,
             logprob,
             select,
-            rng.choice(["list", "list", "list", "packed", "none"] + ([] if store else ["empty"])),
-            rng.random() < 0.7,
+            # The store's LAST capture keeps the rows it returns apart only
+            # without aux layers and before-norm states: drawn as often.
+            rng.choice(["list", "list", "packed", "none", "none"] + ([] if store else ["empty"])),
+            rng.random() < (0.5 if store else 0.7),
             rng.randint(0, 2**16),
         )
 
