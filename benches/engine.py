@@ -3,7 +3,7 @@ flatgather off and on, side by side in one run.
 
     .venv/bin/python benches/engine.py [--release 0.5.23] [--running 64 256]
         [--rounds 8] [--calls 5] [--profile-rounds 1] [--json FILE] [--markdown FILE]
-        [--workdir DIR]
+        [--max-minutes M] [--workdir DIR]
 
 For each number of running requests N, N requests are sent at once to a CPU
 ``sglang.Engine`` (no speculative decoding, SGLang's torch-native attention,
@@ -478,7 +478,13 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
         f"Python {platform.python_version()}, {os.cpu_count()} cores, 1 torch thread per process",
         "- every request: input logprobs from token 0, the top 5, 3 token ids, prompts of "
         "16-64 tokens, 16-32 output tokens (`ignore_eos`); all N sent in one call",
-        f"- **timing:** {args.rounds} rounds per size, each one engine per side (the order "
+        f"- **timing:** {machine['rounds']} rounds per size"
+        + (
+            ""
+            if machine["rounds"] == args.rounds
+            else f" (of the {args.rounds} asked for: `--max-minutes` stopped it there)"
+        )
+        + ", each one engine per side (the order "
         f"alternating), no profiler and no trace attached; an engine serves one warm-up call, "
         f"then {args.calls} timed `Engine.generate` calls, and its time is their median. "
         "A round's ratio is the stock engine's time over flatgather's (above 1: flatgather "
@@ -614,26 +620,49 @@ def run_round(bench: Bench, usage: Usage, running: int, i: int, of: int, profile
     return row
 
 
-def measure(bench: Bench, usage: Usage, args) -> tuple[dict, dict]:
+MIN_ROUNDS = 3
+"""Timing rounds run whatever ``--max-minutes`` says: fewer and the interval
+is not worth much."""
+
+
+def measure(bench: Bench, usage: Usage, args) -> tuple[dict, dict, int]:
+    """Rounds of every size in turn (a drift of the machine reaches every
+    size alike), the timing rounds first, then the profiled ones; with
+    ``--max-minutes``, no timing round starts that would leave too little
+    time for the profiled rounds. Returns the results, the raw rows and the
+    timing rounds run."""
+    started = time.perf_counter()
+    timing: dict[int, list] = {n: [] for n in args.running}
+    profiled: dict[int, list] = {n: [] for n in args.running}
+    done = 0
+    for i in range(args.rounds):
+        if args.max_minutes and i >= MIN_ROUNDS:
+            spent = time.perf_counter() - started
+            if spent + spent / i * (1 + args.profile_rounds) > 60 * args.max_minutes:
+                print(
+                    f"stopping after {i} of {args.rounds} timing rounds: "
+                    f"--max-minutes {args.max_minutes:g}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                break
+        for running in args.running:
+            timing[running].append(run_round(bench, usage, running, i, args.rounds, False))
+        done = i + 1
+    for i in range(args.profile_rounds):
+        for running in args.running:
+            profiled[running].append(run_round(bench, usage, running, i, args.profile_rounds, True))
     results, raw = {}, {}
     for running in args.running:
-        rows = [
-            run_round(bench, usage, running, i, args.rounds, profile=False)
-            for i in range(args.rounds)
-        ]
-        profiled = [
-            run_round(bench, usage, running, i, args.profile_rounds, profile=True)
-            for i in range(args.profile_rounds)
-        ]
-        results[running] = summarize(rows, profiled)
-        raw[running] = {"timing": rows, "profiled": profiled}
+        results[running] = summarize(timing[running], profiled[running])
+        raw[running] = {"timing": timing[running], "profiled": profiled[running]}
         print(
             f"[{running} running] flatgather / stock {_fmt_interval(results[running]['ratio'])}: "
             f"{_verdict(results[running])}",
             file=sys.stderr,
             flush=True,
         )
-    return results, raw
+    return results, raw, done
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -647,6 +676,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=5, help="timed calls per engine")
     parser.add_argument(
         "--profile-rounds", type=int, default=1, help="profiled rounds per size, apart"
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        help=f"past the first {MIN_ROUNDS} timing rounds, start none that would likely end the "
+        "run (profiled rounds included) later than this",
     )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--markdown", type=Path)
@@ -673,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         bench = Bench(work, work / "models", args.calls)
         try:
-            results, raw = measure(bench, usage, args)
+            results, raw, rounds = measure(bench, usage, args)
         except Failed as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -683,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     machine = {
+        "rounds": rounds,
         "load_before": load_before,
         "load_after": load_after,
         "compared": compared,
