@@ -37,9 +37,9 @@ CHILD = textwrap.dedent(
     runs = int(sys.argv[1])
     import flatgather.sglang as fs
     from flatgather.sglang import installer, releases
-    from flatgather.sglang.patches import draft_prefill, prefill_result
+    from flatgather.sglang.patches import draft_prefill, prefill_result, pruned_states
     from flatgather.sglang.patches import output_logprobs as chain
-    from flatgather.sglang.patches.output_logprobs import flat_logprobs
+    from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
     from flatgather.testing import install_sgl_kernel_stand_in
     import sglang.srt.layers.logits_processor  # noqa: F401  (imported before timing)
     install_sgl_kernel_stand_in()
@@ -87,7 +87,9 @@ CHILD = textwrap.dedent(
             for p in token_ids
         ],
         "skip_fix": prefill_result.FIX in report.backports,
-        "cases": installer._state.about("pruned-states").probed.verdict.cases,
+        "cases": next(
+            s for s in installer.in_service() if isinstance(s, pruned_states.Pruning)
+        ).probed.verdict.cases,
         "chain_producers": producers,
         "chain_consumers": consumers,
         "probe_ms_median": statistics.median(seconds[1:] or seconds) * 1e3,

@@ -15,8 +15,11 @@ matrix test checks that the probe finds each row true of the running code.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import types
+from collections import Counter
+from typing import NoReturn
 
 import flatgather.sglang
 import pytest
@@ -48,6 +51,62 @@ def pytest_configure(config):
         raise pytest.UsageError(
             f"FLATGATHER_TEST_RELEASE={expected}, but the sglang on sys.path is {RELEASE}"
         )
+
+
+def left_stock(what: str) -> NoReturn:
+    """Where a test finds that flatgather leaves the release's code stock
+    (refused it): on a release of the table, which says the test matrix
+    verifies flatgather there, that is a regression, and the test fails; on
+    any other release (a fork, one not yet in the table) it is what
+    flatgather is meant to do with code it cannot prove, and the test skips."""
+    if ROW is not None:
+        pytest.fail(
+            f"flatgather leaves {what} stock on SGLang {RELEASE}, a release of its table",
+            pytrace=False,
+        )
+    pytest.skip(f"flatgather leaves {what} stock (SGLang {RELEASE} is not in its table)")
+
+
+# A skip whose reason says flatgather left code stock, however the test
+# worded it: on a release of the table it is a failure (see left_stock).
+_REFUSAL = re.compile(r"flatgather\b.*\b(stock|refus)", re.IGNORECASE)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if ROW is None or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if _REFUSAL.search(reason):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"skipped, saying flatgather left code stock, on SGLang {RELEASE}, "
+            f"a release of its table: {reason}"
+        )
+
+
+_skipped: Counter = Counter()
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and isinstance(report.longrepr, tuple) and not hasattr(report, "wasxfail"):
+        _skipped[report.longrepr[2].removeprefix("Skipped: ")] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Every skip of the run by its reason, with the release; appended to
+    ``FLATGATHER_SKIP_LOG`` where it is set (``.ci/test`` prints them all at
+    the end), so that no skip goes by unread."""
+    lines = [f"{count:4d}  {reason}" for reason, count in sorted(_skipped.items())]
+    terminalreporter.write_sep("-", f"skips against sglang {RELEASE}: {_skipped.total()}")
+    for line in lines:
+        terminalreporter.write_line(line)
+    log = os.environ.get("FLATGATHER_SKIP_LOG")
+    if log:
+        with open(log, "a") as out:
+            for line in lines or ["   0  (none)"]:
+                out.write(f"{RELEASE}\t{line}\n")
 
 
 def pytest_report_header(config):

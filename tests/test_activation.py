@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _child import pythonpath
 from conftest import RELEASE
 
 TESTS = Path(__file__).resolve().parent
@@ -42,16 +43,11 @@ CHILD = textwrap.dedent(
 )
 
 
-def _absolute_pythonpath(extra=()) -> str:
-    paths = [*extra, *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
-    return os.pathsep.join(str(Path(p).resolve()) for p in paths if p)
-
-
 def run_python(args, switch, tmp_path, timeout=300, **kw):
     env = {k: v for k, v in os.environ.items() if k != "FLATGATHER_SGLANG"}
     if switch is not None:
         env["FLATGATHER_SGLANG"] = switch
-    env["PYTHONPATH"] = _absolute_pythonpath()
+    env["PYTHONPATH"] = pythonpath()
     env.update(kw.pop("extra_env", {}))
     try:
         return subprocess.run(
@@ -180,7 +176,7 @@ def _standin_entry(tmp_path):
     )
     return {
         "FLATGATHER_LAUNCH_ENTRY": "standin_entry",
-        "PYTHONPATH": _absolute_pythonpath([tmp_path]),
+        "PYTHONPATH": pythonpath(tmp_path),
     }
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import RELEASE
 from flatgather import _sglang_dirs
-from flatgather.bench import machine, report, run, sections, stats
+from flatgather.bench import machine, report, run, sections, stats, targets
 from flatgather.bench.cases import Grid
 
 if RELEASE is None:
@@ -50,6 +50,46 @@ def test_samples_are_interleaved_with_the_order_rotating():
     stats.measure_side_by_side(fns, samples=3, warmup_s=0, sample_s=0, clock=clock)
     sampled = order[-9:]
     assert sampled == list("abc" + "bca" + "cab")
+
+
+def ratio_rows(*intervals) -> list[dict]:
+    return [
+        {"ratios": {"stock/flatgather": {"low": low, "median": median, "high": high}}}
+        for low, median, high in intervals
+    ]
+
+
+def test_never_slower_is_missed_only_where_the_whole_interval_is_below_one():
+    noise = ratio_rows((0.9, 0.97, 1.04), (2.0, 2.1, 2.2))
+    assert targets.never_slower(noise, "gate") == {"name": "gate", "met": True, "got": "min 0.97x"}
+    slower = targets.never_slower([*noise, *ratio_rows((0.9, 0.95, 0.99))], "gate")
+    assert slower == {"name": "gate", "met": False, "got": "min 0.95x, 1 slower"}
+
+
+def test_at_least_judges_the_lowest_value_and_is_absent_without_one():
+    assert targets.at_least("x", [], 1.0) == []
+    assert targets.at_least("x", [3.0, 1.5], 2) == [
+        {"name": "x", "met": False, "got": "1.50x to 3.00x"}
+    ]
+    assert targets.at_least("x", [250.4, 120.6], 100, span=False, digits=0) == [
+        {"name": "x", "met": True, "got": "min 121x"}
+    ]
+    rows = ratio_rows((1, 2, 3), (4, 5, 6))
+    rows[0]["batch"], rows[1]["batch"] = 1, 8
+    assert targets.speedups(rows, "stock", "flatgather", lambda r: r["batch"] > 1) == [5]
+
+
+def test_host_cost_times_the_pruned_states_shapes_at_zero_width():
+    from flatgather.bench import host_cost, prune_section
+
+    def shape(s):
+        return s.batch, s.mean_extend, s.layers, s.aux
+
+    for size, grid in prune_section.GRIDS.items():
+        zero = host_cost.GRIDS[size].shapes(True)
+        assert {s.hidden for s in zero} == {0}
+        assert {shape(s) for s in grid.shapes(True)} <= {shape(s) for s in zero}
+        assert host_cost.GRIDS[size].max_tokens == grid.max_tokens
 
 
 # -- the machine's load ------------------------------------------------------------

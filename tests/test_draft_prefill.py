@@ -13,9 +13,6 @@ import dataclasses
 import dis
 import importlib
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 import types
 from pathlib import Path
@@ -24,7 +21,8 @@ from unittest import mock
 import flatgather.sglang
 import pytest
 import torch
-from _modules import module_from_tree
+from _child import assert_prints
+from _modules import edit_after_import, module_from_tree
 from _sglang import DRAFT_NO_LOGPROB, ROW
 from flatgather.bench import draft_harness
 from flatgather.bench.draft_harness import make_inputs
@@ -465,12 +463,7 @@ def test_a_source_file_edited_after_import_is_left_stock(tmp_path):
     """The file on disk no longer compiles to the code that runs: nothing
     is rewritten from it."""
     module = module_with(_unchanged, tmp_path)
-    path = Path(module.__file__)
-    tree = ast.parse(path.read_text())
-    # The last class of the name is the one the module binds.
-    cls = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == OWNER][-1]
-    _change_a_constant(cls.body[0])
-    path.write_text(ast.unparse(tree) + "\n# edited after import\n")
+    edit_after_import(module, OWNER, METHOD, _change_a_constant)
     result = draft_prefill.PATCH.prepare(module)
     assert result.swaps == [] and result.applied == ()
     (note,) = result.notes
@@ -580,11 +573,4 @@ def test_patched_when_the_worker_module_is_imported_after_install():
         print("lazy-ok")
         """
     )
-    tests = Path(__file__).resolve().parent
-    paths = [tests, *(Path(p).resolve() for p in os.environ["PYTHONPATH"].split(os.pathsep) if p)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, paths)))
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "lazy-ok" in out.stdout
+    assert_prints(code, "lazy-ok")

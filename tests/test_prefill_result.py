@@ -16,15 +16,14 @@ import importlib
 import importlib.util
 import inspect
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from unittest import mock
 
 import flatgather.sglang
 import pytest
-from _modules import module_from_tree
+from _child import assert_prints
+from _modules import edit_after_import, method_node, module_from_tree
 from _sglang import ROW
 from flatgather.sglang.patches import output_logprobs, prefill_result
 from flatgather.sglang.patches.prefill_result import FIX, METHOD, Harness, Request
@@ -314,14 +313,7 @@ def test_patched_when_the_scheduler_module_is_imported_after_install():
         print("lazy-ok")
         """
     )
-    tests = Path(__file__).resolve().parent
-    paths = [tests, *(Path(p).resolve() for p in os.environ["PYTHONPATH"].split(os.pathsep) if p)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, paths)))
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "lazy-ok" in out.stdout
+    assert_prints(code, "lazy-ok")
 
 
 # --- a release that fixed it, and refusals -----------------------------------------------------
@@ -373,9 +365,7 @@ def module_with(edit, tmp_path: Path):
     method's syntax tree edited by ``edit``: a release that differs there."""
     path = Path(MODULE.__file__)
     tree = ast.parse(path.read_text(), str(path))
-    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == OWNER.__name__]
-    (method,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == METHOD]
-    edit(method)
+    edit(method_node(tree, OWNER.__name__, METHOD))
     return module_from_tree(tree, tmp_path, f"flatgather_test_scheduler_{edit.__name__.strip('_')}")
 
 
@@ -429,12 +419,7 @@ def test_a_method_not_in_the_expected_shape_is_left_stock(edit, why, tmp_path):
 @pytest.mark.matrix
 def test_a_source_file_edited_after_import_is_left_stock(tmp_path):
     module = module_with(_unchanged, tmp_path)
-    path = Path(module.__file__)
-    tree = ast.parse(path.read_text())
-    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == OWNER.__name__]
-    (method,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == METHOD]
-    _more_than_continue(method)
-    path.write_text(ast.unparse(tree) + "\n# edited after import\n")
+    edit_after_import(module, OWNER.__name__, METHOD, _more_than_continue)
     result = prefill_result.PATCH.prepare(module)
     assert result.swaps == [] and result.applied == ()
     if not FIXED_BY_RELEASE:

@@ -133,17 +133,22 @@ def test_named_edge_cases(extend, start, aux_kind, capture, pad):
     compare(extend, start, h, b, aux, capture)
 
 
+def one_changed(tensor, h, b, aux, change):
+    """``(h, b, aux)`` with ``change`` made to ``tensor`` alone (of the aux
+    layers, to the last)."""
+    if tensor == "hidden":
+        return change(h), b, aux
+    if tensor == "before_norm":
+        return h, change(b), aux
+    return h, b, [*aux[:-1], change(aux[-1])]
+
+
 @pytest.mark.matrix
 @pytest.mark.parametrize("tensor", ["hidden", "before_norm", "aux"])
 def test_fewer_rows_than_tokens_is_a_plan_error(tensor):
     extend, start = [4, 5, 6], [0, 5, 3]
-    h, b, aux = make_states(extend, 3, torch.float32, 4, True, "list", 2)
-    if tensor == "hidden":
-        h = h[:14]
-    elif tensor == "before_norm":
-        b = b[:14]
-    else:
-        aux = [aux[0], aux[1][:10]]
+    states = make_states(extend, 3, torch.float32, 4, True, "list", 2)
+    h, b, aux = one_changed(tensor, *states, lambda t: t[:14])
     flatgather.sglang.install()
     with pytest.raises(PlanError) as info:
         pruned_states(h, b, aux, metadata(extend, start))
@@ -202,13 +207,8 @@ def test_metadata_the_plan_refuses_gets_the_release_answer(case):
 @pytest.mark.parametrize("tensor", ["hidden", "before_norm", "aux"])
 def test_a_0d_tensor_gets_the_release_answer(tensor):
     extend, start = [4, 5, 6], [0, 5, 3]
-    h, b, aux = make_states(extend, 7, torch.float32, 4, True, "list", 2)
-    if tensor == "hidden":
-        h = h[0, 0]
-    elif tensor == "before_norm":
-        b = b[0, 0]
-    else:
-        aux = [aux[0], aux[1][0, 0]]
+    states = make_states(extend, 7, torch.float32, 4, True, "list", 2)
+    h, b, aux = one_changed(tensor, *states, lambda t: t[0, 0])
     expected = outcome(stock_pruned_states, h, b, aux, metadata(extend, start))
     flatgather.sglang.install()
     assert_same(outcome(pruned_states, h, b, aux, metadata(extend, start)), expected)

@@ -497,16 +497,18 @@ def test_compiled_code_and_small_calls_get_the_release_s_function(monkeypatch):
 def test_a_module_that_imports_a_patched_producer_gets_the_release_s_back():
     """A module imported after install() that takes the helpers from the
     patched module (0.5.10's worker, the sampler) is checked against, and
-    restored to, the release's own function."""
+    restored to, the release's own function; preparing it writes nothing
+    (what changes the module is the swap, applied and reverted)."""
     fs.install()
     module = __import__(CHAIN.spec.__module__, fromlist=["x"])
     defining = module.get_top_logprobs.__globals__["__name__"]
     late = types.ModuleType("late_importer")
-    late.get_top_logprobs = module.get_top_logprobs  # flatgather's, as imported now
+    theirs = late.get_top_logprobs = module.get_top_logprobs  # flatgather's, as imported now
     release = sc._raw_function(late.get_top_logprobs)
     assert late.get_top_logprobs is not release and defining
-    (patch,) = output_logprobs.PRODUCER.prepare(late).swaps
-    assert vars(late)["get_top_logprobs"] is release
+    prepared = output_logprobs.PRODUCER.prepare(late)
+    assert vars(late)["get_top_logprobs"] is theirs, "prepare() wrote to the module"
+    (patch,) = prepared.swaps
     patch.apply()
     assert patch.new.__wrapped__ is release
     patch.revert()
@@ -586,11 +588,12 @@ def test_a_rewrite_whose_call_is_not_its_loop_is_refused(monkeypatch, edit):
 
 @pytest.fixture
 def fresh_checks():
-    """The producer checks are cached per release function: a test that
-    breaks flatgather's code must not leave its verdict behind."""
-    output_logprobs.producers._picked.clear()
+    """The producer checks are remembered per installation: a test that
+    breaks flatgather's code must leave no verdict behind on the shared
+    patch either."""
+    vars(output_logprobs.PRODUCER).pop("_memo", None)
     yield
-    output_logprobs.producers._picked.clear()
+    vars(output_logprobs.PRODUCER).pop("_memo", None)
 
 
 @pytest.mark.matrix

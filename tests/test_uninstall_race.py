@@ -137,15 +137,11 @@ def run_paused(forwards, pause, i=0):
 def test_uninstall_between_pruning_and_storing_waits_for_the_forward(forwards):
     before = dict(vars(LogitsProcessor))
     fs.install()
-    state = installer._state
     pause = PauseAfterPruning(vars(LogitsProcessor)["_get_pruned_states"].__code__)
     forward_thread, result = run_paused(forwards, pause)
 
-    uninstalled = threading.Event()
-    uninstaller = threading.Thread(target=lambda: fs.uninstall() and uninstalled.set())
-    uninstaller.start()
-    wait_for_the_gate_to_close(state.about("pruned-states").gate)
-    assert not uninstalled.is_set() and fs.is_installed()
+    uninstaller, uninstalled = uninstall_waiting()
+    assert "result" not in uninstalled and fs.is_installed()
     # A forward that starts now gathers eagerly and is not waited for.
     assert_same(forwards.run(1), forwards.expected[1])
 
@@ -154,7 +150,7 @@ def test_uninstall_between_pruning_and_storing_waits_for_the_forward(forwards):
     uninstaller.join(30)
     assert "error" not in result, result.get("error")
     assert_same(result["out"], forwards.expected[0])
-    assert uninstalled.is_set() and not fs.is_installed()
+    assert uninstalled["result"] is True and not fs.is_installed()
     assert dict(vars(LogitsProcessor)) == before
 
 
@@ -178,13 +174,7 @@ def test_a_timed_out_uninstall_leaves_the_gate_shut_for_another_that_waits(forwa
     state = installer._state
     pause = PauseAfterPruning(vars(LogitsProcessor)["_get_pruned_states"].__code__)
     forward_thread, result = run_paused(forwards, pause)
-    uninstalled = {}
-    waiting = threading.Thread(
-        target=lambda: uninstalled.update(result=_try(lambda: fs.uninstall(timeout=30))),
-        daemon=True,
-    )
-    waiting.start()
-    wait_for_the_gate_to_close(state.about("pruned-states").gate)
+    waiting, uninstalled = uninstall_waiting(timeout=30)
     with pytest.raises(TimeoutError):
         fs.uninstall(timeout=0.05)
     assert not state.about(
@@ -211,11 +201,22 @@ def test_uninstall_from_inside_a_forward_is_refused(forwards):
     assert fs.is_installed()
 
 
-def wait_for_the_gate_to_close(gate) -> None:
+def uninstall_waiting(timeout=None) -> tuple[threading.Thread, dict]:
+    """``uninstall(timeout)`` on a thread of its own, returned once it has
+    shut the gate and waits for the forwards in flight, with the dict its
+    answer (or exception) lands in under ``"result"``."""
+    gate = installer._state.about("pruned-states").gate
+    uninstalled = {}
+    thread = threading.Thread(
+        target=lambda: uninstalled.update(result=_try(lambda: fs.uninstall(timeout=timeout))),
+        daemon=True,
+    )
+    thread.start()
     deadline = time.monotonic() + 30
-    while gate._open:  # until uninstall() has closed the gate and is waiting
+    while gate._open:
         assert time.monotonic() < deadline, "uninstall() did not close the gate within 30 s"
         time.sleep(0.001)
+    return thread, uninstalled
 
 
 @pytest.mark.parametrize("call", ["installed_report", "install", "a deferred module's import"])
@@ -252,18 +253,11 @@ def test_a_forward_may_call_flatgather_while_uninstall_waits_for_it(
         action = getattr(fs, call)
     before = dict(vars(LogitsProcessor))
     fs.install()
-    state = installer._state
     pause = PauseAfterPruning(
         vars(LogitsProcessor)["_get_pruned_states"].__code__, on_resume=lambda: _try(action)
     )
     forward_thread, result = run_paused(forwards, pause)
-    uninstalled = {}
-    uninstaller = threading.Thread(
-        target=lambda: uninstalled.update(result=_try(lambda: fs.uninstall(timeout=5))),
-        daemon=True,
-    )
-    uninstaller.start()
-    wait_for_the_gate_to_close(state.about("pruned-states").gate)
+    uninstaller, uninstalled = uninstall_waiting(timeout=5)
     pause.resume.set()
     forward_thread.join(30)
     uninstaller.join(30)

@@ -2,6 +2,8 @@
 
 use flatgather_core::{Field, PlanError, MAX_PLAN_BYTES, MAX_TOKENS};
 
+use crate::bytes::Bytes;
+
 /// The reference rule for any value of a length list: not negative.
 pub fn reference_nonnegative(field: Field, request: usize, value: i64) -> Result<(), PlanError> {
     if value < 0 {
@@ -108,4 +110,82 @@ pub fn check_too_short(
         }
         other => panic!("fill into {got} values (needs {needed}) gave {other:?}"),
     }
+}
+
+/// `check_rows` of a plan of `tokens` tokens in a batch of `batch` requests,
+/// compared with `rows_reference` at the edges (`tokens`, one more, one
+/// fewer, 0, -1, `i64::MIN`, `i64::MAX`) and at `picked`.
+pub fn check_rows_edges(
+    check_rows: impl Fn(i64) -> Result<(), PlanError>,
+    tokens: i64,
+    picked: i64,
+    exact: bool,
+    batch: usize,
+) {
+    for rows in [
+        tokens,
+        tokens + 1,
+        tokens - 1,
+        0,
+        -1,
+        i64::MIN,
+        i64::MAX,
+        picked,
+    ] {
+        let got = check_rows(rows);
+        if let Err(err) = &got {
+            check_error(err, batch);
+        }
+        assert_eq!(
+            got,
+            rows_reference(tokens, rows, exact),
+            "check_rows({rows}, exact={exact}) with {tokens} tokens"
+        );
+    }
+}
+
+/// The buffer contract of a plan small enough to fill, whose buffer holds
+/// `len(false)` values, or `len(true)` with its optional last part
+/// (`token_to_seq`, `embeds`). A fill one value short, or cut where the input
+/// picks, returns exactly `BufferTooSmall` and writes nothing; the fills
+/// without and with the last part write the same first values, and neither
+/// writes past its part (the buffers hold a `-1` sentinel, which no index
+/// equals).
+pub fn check_fills(
+    bytes: &mut Bytes<'_>,
+    len: impl Fn(bool) -> usize,
+    fill: impl Fn(&mut [i64], bool) -> Result<(), PlanError>,
+) {
+    let (short, full) = (len(false), len(true));
+    let mut buf = vec![-1i64; full + 2];
+    for with_last in [false, true] {
+        let needed = len(with_last);
+        if needed == 0 {
+            continue;
+        }
+        let fill = |b: &mut [i64]| fill(b, with_last);
+        check_too_short(fill, &mut buf[..needed - 1], needed);
+        let cut = usize::from(bytes.u16()) % needed;
+        check_too_short(fill, &mut buf[..cut], needed);
+    }
+    assert!(
+        buf.iter().all(|&v| v == -1),
+        "a failed fill wrote to the buffer"
+    );
+    fill(&mut buf, false).expect("fill without the last part");
+    assert!(
+        buf[short..].iter().all(|&v| v == -1),
+        "fill without the last part wrote past its part"
+    );
+    let mut with = vec![-1i64; full + 2];
+    fill(&mut with, true).expect("fill with the last part");
+    assert!(
+        with[full..].iter().all(|&v| v == -1),
+        "fill with the last part wrote past it"
+    );
+    assert_eq!(
+        buf[..short],
+        with[..short],
+        "the first parts differ with the last part"
+    );
 }

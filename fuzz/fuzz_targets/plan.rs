@@ -30,8 +30,8 @@ mod checks;
 
 use bytes::{Bytes, Skew};
 use checks::{
-    check_error, check_too_short, reference_count, reference_nonnegative, reference_size,
-    rows_reference,
+    check_error, check_fills, check_rows_edges, check_too_short, reference_count,
+    reference_nonnegative, reference_size,
 };
 
 /// How this target's length values are skewed.
@@ -187,26 +187,8 @@ fuzz_target!(|data: &[u8]| {
     let tokens = plan.num_tokens() as i64;
     let picked = bytes.rows(tokens);
     for exact in [false, true] {
-        for rows in [
-            tokens,
-            tokens + 1,
-            tokens - 1,
-            0,
-            -1,
-            i64::MIN,
-            i64::MAX,
-            picked,
-        ] {
-            let got = plan.check_rows(rows, exact);
-            if let Err(err) = &got {
-                check_error(err, extend.len());
-            }
-            assert_eq!(
-                got,
-                rows_reference(tokens, rows, exact),
-                "check_rows({rows}, exact={exact}) with {tokens} tokens"
-            );
-        }
+        let check_rows = |rows| plan.check_rows(rows, exact);
+        check_rows_edges(check_rows, tokens, picked, exact, extend.len());
     }
     for with_token_to_seq in [false, true] {
         let needed = plan.layout(with_token_to_seq).len();
@@ -220,37 +202,9 @@ fuzz_target!(|data: &[u8]| {
     if let Err(msg) = invariants::check_plan(&plan, &extend, &start) {
         panic!("check_plan({extend:?}, {start:?}): {msg}");
     }
-    let full = plan.layout(true);
-    let short = plan.layout(false);
-    let mut buf = vec![-1i64; full.len() + 2];
-    for with_token_to_seq in [false, true] {
-        let needed = plan.layout(with_token_to_seq).len();
-        let fill = |b: &mut [i64]| plan.fill(b, with_token_to_seq);
-        check_too_short(fill, &mut buf[..needed - 1], needed);
-        let cut = usize::from(bytes.u16()) % needed;
-        check_too_short(fill, &mut buf[..cut], needed);
-    }
-    // A failed fill writes nothing; a fill without token_to_seq writes the
-    // same first three parts and leaves the values past its layout alone.
-    assert!(
-        buf.iter().all(|&v| v == -1),
-        "a failed fill wrote to the buffer"
-    );
-    plan.fill(&mut buf, false)
-        .expect("fill without token_to_seq");
-    assert!(
-        buf[short.len()..].iter().all(|&v| v == -1),
-        "fill wrote past its layout"
-    );
-    let mut with = vec![-1i64; full.len() + 2];
-    plan.fill(&mut with, true).expect("fill with token_to_seq");
-    assert!(
-        with[full.len()..].iter().all(|&v| v == -1),
-        "fill with token_to_seq wrote past its layout"
-    );
-    assert_eq!(
-        buf[..short.len()],
-        with[..short.len()],
-        "the parts differ with token_to_seq"
+    check_fills(
+        &mut bytes,
+        |with_token_to_seq| plan.layout(with_token_to_seq).len(),
+        |buf, with_token_to_seq| plan.fill(buf, with_token_to_seq),
     );
 });

@@ -31,8 +31,8 @@ mod checks;
 
 use bytes::{Bytes, Skew};
 use checks::{
-    check_error, check_too_short, reference_count, reference_nonnegative, reference_size,
-    rows_reference,
+    check_error, check_fills, check_rows_edges, check_too_short, reference_count,
+    reference_nonnegative, reference_size,
 };
 
 /// How this target's length values are skewed.
@@ -87,26 +87,13 @@ fuzz_target!(|data: &[u8]| {
     );
     let tokens = n as i64;
     let picked = bytes.rows(tokens);
-    for rows in [
+    check_rows_edges(
+        |rows| plan.check_rows(rows),
         tokens,
-        tokens + 1,
-        tokens - 1,
-        0,
-        -1,
-        i64::MIN,
-        i64::MAX,
         picked,
-    ] {
-        let got = plan.check_rows(rows);
-        if let Err(err) = &got {
-            check_error(err, lens.len());
-        }
-        assert_eq!(
-            got,
-            rows_reference(tokens, rows, true),
-            "check_rows({rows}) with {tokens} tokens"
-        );
-    }
+        true,
+        lens.len(),
+    );
     for with_embeds in [false, true] {
         if n == 0 {
             assert_eq!(plan.fill(&mut [], with_embeds), Ok(()), "empty fill");
@@ -123,33 +110,9 @@ fuzz_target!(|data: &[u8]| {
     if let Err(msg) = invariants::check_rotation_plan(&plan, &lens) {
         panic!("check_rotation_plan({lens:?}): {msg}");
     }
-    let mut buf = vec![-1i64; 2 * n + 2];
-    for with_embeds in [false, true] {
-        let needed = plan.buffer_len(with_embeds);
-        if needed == 0 {
-            continue;
-        }
-        let fill = |b: &mut [i64]| plan.fill(b, with_embeds);
-        check_too_short(fill, &mut buf[..needed - 1], needed);
-        let cut = usize::from(bytes.u16()) % needed;
-        check_too_short(fill, &mut buf[..cut], needed);
-    }
-    // A failed fill writes nothing; a fill without embeds writes the same ids
-    // as with them, and neither writes past its part.
-    assert!(
-        buf.iter().all(|&v| v == -1),
-        "a failed fill wrote to the buffer"
+    check_fills(
+        &mut bytes,
+        |with_embeds| plan.buffer_len(with_embeds),
+        |buf, with_embeds| plan.fill(buf, with_embeds),
     );
-    plan.fill(&mut buf, false).expect("fill without embeds");
-    assert!(
-        buf[n..].iter().all(|&v| v == -1),
-        "fill without embeds wrote past ids"
-    );
-    let mut with = vec![-1i64; 2 * n + 2];
-    plan.fill(&mut with, true).expect("fill with embeds");
-    assert!(
-        with[2 * n..].iter().all(|&v| v == -1),
-        "fill with embeds wrote past embeds"
-    );
-    assert_eq!(buf[..n], with[..n], "the ids differ with embeds");
 });

@@ -2,9 +2,11 @@
 
     cd tests && PYTHONPATH=../.sglang/0.5.23 ../.venv/bin/python -m mutation --sample 40
 
-Prints one line per mutant whose verdict is not "refused" or "patched and
-exact", a progress line every 25 mutants, and a summary per target; exits 1
-when any mutant was silently different (or patched without being compared).
+Prints one line per mutant that was silently different, invalid, or not
+told apart from the release by any input with nothing to say why
+(equivalent by construction, or argued in ``argued.py``), a progress line
+every 25 mutants, and a summary per target; exits 1 when any mutant was
+silently different (or patched without being compared).
 """
 
 from __future__ import annotations
@@ -28,18 +30,28 @@ def main(argv=None) -> int:
     parser.add_argument("--target", action="append", help="only these targets (by name)")
     parser.add_argument("--json", type=Path, help="write every verdict here")
     parser.add_argument(
+        "--grow",
+        type=int,
+        default=targets.GROW,
+        help="inputs, as a multiple of --cases, for a mutant not yet told from the release",
+    )
+    parser.add_argument(
         "--no-shape-gate",
         action="store_true",
         help="answer yes to every fingerprint: what the probe and checks alone let through",
     )
     args = parser.parse_args(argv)
     targets.SHAPE_GATE = not args.no_shape_gate
+    targets.GROW = args.grow
 
     started = time.monotonic()
 
     def progress(done: int, total: int, record) -> None:
-        if record.verdict not in ("refused", "patched and exact"):
-            print(f"  {record.verdict}: {record.target} {record.description}: {record.detail}")
+        what = f"{record.target} {record.operator} {record.description}"
+        if record.verdict in ("silently different", "invalid"):
+            print(f"  {record.verdict}: {what}: {record.detail}")
+        elif record.unexplained:
+            print(f"  not distinguished: {what}", flush=True)
         if done % 25 == 0 or done == total:
             print(f"[{time.monotonic() - started:6.1f}s] {done}/{total} mutants", flush=True)
 
@@ -55,11 +67,19 @@ def main(argv=None) -> int:
     table = summary(records)
     print(f"SGLang {release}: {len(records)} mutants in {time.monotonic() - started:.0f} s")
     for row in table:
+        told = row["distinguished"]
+        valid = row["mutants"] - row["invalid"]
+        nd = row["not distinguished"]
         print(
-            f"  {row['target']}: {row['mutants']} mutants, {row['patched and exact']} patched and "
-            f"exact, {row['refused']} refused, {row['silently different']} silently different, "
+            f"  {row['target']} ({row['proves']}): {row['mutants']} mutants, "
+            f"{row['patched and exact']} patched and exact, "
+            f"{row['patched, not distinguished']} patched and not distinguished, "
+            f"{row['refused']} refused, {row['silently different']} silently different, "
             f"{row['equivalent refused']}/{row['equivalent']} equivalent refused, "
-            f"{row['invalid']} invalid"
+            f"{row['invalid']} invalid; distinguished "
+            + ("- (no inputs)" if told is None else f"{told}/{valid}")
+            + f"; not: {nd['equivalent']} equivalent, {nd['argued']} argued, "
+            f"{nd['unexplained']} unexplained"
         )
     if args.json:
         args.json.write_text(

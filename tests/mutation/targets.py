@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import itertools
 import random
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from _modules import module_from_tree
+from flatgather.sglang.compare import first_difference
+from flatgather.sglang.patches.pruned_states import Pruning
+from flatgather.testing import fingerprints
 
 _serial = itertools.count()
 
@@ -52,6 +56,63 @@ class Trial:
     """Of those, inputs that took the path under test where the target has
     one apart (the store: a lazy aux result handed to it)."""
     note: str = ""
+    distinguished: bool | None = None
+    """Whether some input tried tells the mutant apart from the unmodified
+    release (each run as the mutant runs, side by side); None where the
+    suite runs the target on no inputs."""
+    told: str = ""
+    """The first input that tells them apart, and how."""
+    unchecked: str = ""
+    """Why flatgather's answer could not be held to the mutant's on some
+    input (the first such input)."""
+
+    def tell(self, found: str | None, where: str = "") -> None:
+        """Record one input's comparison of the mutant with the release."""
+        if self.distinguished is None:
+            self.distinguished = False
+        if found and not self.distinguished:
+            self.distinguished, self.told = True, f"{where}: {found}" if where else found
+
+
+GROW = 4
+"""A mutant that ``cases`` inputs do not tell apart from the release gets
+up to ``GROW`` times as many before it is counted not distinguished (one
+equivalent by construction, or argued, ``cases`` only)."""
+GROWING = GROW
+"""The factor for the mutant being judged."""
+
+
+def tries(trial: Trial, cases: int, alone: bool):
+    """Input numbers for ``trial``: ``cases`` of them, more while the mutant
+    is not told apart from the release, none after a silent difference;
+    with ``alone`` (what is in place is the mutant itself, and nothing of
+    flatgather's runs with it) none once it is told apart."""
+    n = 0
+    while trial.difference is None:
+        told = bool(trial.distinguished)
+        if (told and (alone or n >= cases)) or n >= cases * (1 if told else GROWING):
+            return
+        yield n
+        n += 1
+
+
+@dataclass
+class Inputs:
+    """The inputs of one target: input ``n`` is drawn from its own seeded
+    generator, so every mutant of the target meets the same inputs, and the
+    unmodified release's outcome on each is computed once."""
+
+    prefix: str
+    outcomes: dict = field(default_factory=dict)
+
+    def rng(self, n: int) -> random.Random:
+        return random.Random(f"{self.prefix}/{n}")
+
+    def release(self, n: int, compute: Callable, *args):
+        """The release's outcome on input ``n``: ``compute(*args)``, once."""
+        if n not in self.outcomes:
+            self.outcomes[n] = compute(*args)
+        return self.outcomes[n]
 
 
 @dataclass
@@ -60,10 +121,11 @@ class Target:
     module: str
     owner: str | None
     function: str
-    trial: Callable[[types.ModuleType, types.FunctionType, random.Random, int], Trial]
-    """``trial(copy, mutant, rng, cases)``: install ``mutant`` (defined in
-    the module ``copy``), judge it on ``cases`` random inputs, put back what
-    was there."""
+    trial: Callable[..., Trial]
+    """``trial(copy, mutant, release, inputs, cases)``: install ``mutant``
+    (defined in the module ``copy``), judge it on ``cases`` random inputs
+    (more where they do not tell it from ``release``, the function unedited
+    in a module of its own), put back what was there."""
     whole_module: bool = True
     """The copy holds the whole release module (else its imports and the
     one class or function)."""
@@ -73,6 +135,10 @@ class Target:
     whole_function: bool = False
     """Replaced whole behind its known shape: the suite has no oracle for
     it, and any mutant patched counts as silently different."""
+    gated: bool = False
+    """Replaced whole only where its code is known (``shapes.known``): with
+    the gate on, every edit is refused by construction (any edit changes the
+    fingerprint)."""
 
 
 # --- the mutant in a module of its own -------------------------------------------------------
@@ -139,27 +205,27 @@ def function_of(target: Target, module: types.ModuleType) -> types.FunctionType:
 # --- the draft worker's prefill --------------------------------------------------------------
 
 
-def _draft_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
+def _draft_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
     from flatgather.bench import draft_harness
     from flatgather.sglang.patches import draft_prefill
 
     result = draft_prefill.PATCH.prepare(copy)
     trial = Trial(patched=draft_prefill.ROTATION in result.applied, note="; ".join(result.notes))
     new = [p.new for p in result.swaps if p.name == draft_prefill.METHOD]
-    if not new:
-        return trial  # the mutant itself stays: nothing to tell apart
-    (in_place,) = new
     backport = draft_prefill.BACKPORT in result.applied
-    for _ in range(cases):
-        inputs = _draft_inputs(rng)
-        stock = _outcome(draft_harness.run, copy, inputs, mutant)
-        ours = _outcome(draft_harness.run, copy, inputs, in_place)
+    for n in tries(trial, cases, alone=not new):
+        batch = _draft_inputs(inputs.rng(n))
+        where = f"lens {list(batch.lens)}"
+        base = inputs.release(n, _outcome, draft_harness.run, copy, batch, release)
+        stock = _outcome(draft_harness.run, copy, batch, mutant)
         trial.compared += 1
         trial.raised += isinstance(stock, type)
-        found = _draft_difference(inputs, ours, stock, backport)
-        if found:
-            trial.difference = f"lens {list(inputs.lens)}: {found}"
-            break
+        trial.tell(_draft_difference(batch, stock, base, False), where)
+        if new:
+            ours = _outcome(draft_harness.run, copy, batch, new[0])
+            found = _draft_difference(batch, ours, stock, backport)
+            if found:
+                trial.difference = f"{where}: {found}"
     return trial
 
 
@@ -217,31 +283,125 @@ def _draft_difference(inputs, ours, stock, backport: bool) -> str | None:
 # --- the scheduler's prefill results ---------------------------------------------------------
 
 
-def _prefill_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
+def _prefill_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
     from flatgather.sglang.patches import prefill_result
 
     result = prefill_result.PATCH.prepare(copy)
     trial = Trial(patched=prefill_result.FIX in result.applied, note="; ".join(result.notes))
     new = [p.new for p in result.swaps if p.name == prefill_result.METHOD]
-    if not new:
-        return trial
-    (in_place,) = new
+    _compare_prefills(trial, copy, new[0] if new else None, mutant, release, inputs, cases)
+    return trial
+
+
+def _prefill_chained_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
+    """Up to 0.5.12 as installed: the #36938 fix's method, then the output
+    chain's rebuild of it (its ``.tolist()`` loops replaced)."""
+    from flatgather.sglang.patches import output_logprobs, prefill_result
+
+    owner = prefill_result.owner_of(copy)
+    result = prefill_result.PATCH.prepare(copy)
+    fixed = [p.new for p in result.swaps if p.name == prefill_result.METHOD]
+    shipped = vars(owner)[prefill_result.METHOD]
+    if fixed:
+        setattr(owner, prefill_result.METHOD, fixed[0])
+    try:
+        holder = types.SimpleNamespace(__name__=_MIXIN, **{owner.__name__: owner})
+        chained = output_logprobs.CHAIN.prepare(holder)
+    finally:
+        setattr(owner, prefill_result.METHOD, shipped)
+    rebuilt = [p.new for p in chained.swaps if p.name == prefill_result.METHOD]
+    trial = Trial(patched=bool(fixed or rebuilt), note="; ".join([*result.notes, *chained.notes]))
+    in_place = (rebuilt or fixed or [None])[0]
+    _compare_prefills(trial, copy, in_place, mutant, release, inputs, cases, fixed=bool(fixed))
+    return trial
+
+
+_MIXIN = "sglang.srt.managers.scheduler_output_processor_mixin"
+
+
+def _compare_prefills(trial, copy, in_place, mutant, release, inputs, cases, fixed=True) -> None:
+    """``in_place`` (None: the mutant stays) against the mutant under the
+    #36938 contract where the fix is in it (else the whole batch alike), and
+    the mutant against the release on the same batches."""
+    from flatgather.sglang.patches import prefill_result
+
     harness = prefill_result.Harness(prefill_result.owner_of(copy), copy)
-    for _ in range(cases):
+    for n in tries(trial, cases, alone=in_place is None):
+        rng = inputs.rng(n)
         specs = [_prefill_request(rng) for _ in range(rng.choice([1, 2, 3, 8, 24]))]
         return_logprob = rng.random() < 0.85
         trial.compared += 1
-        # The contract flatgather changes on purpose (SGLang #36938): each
-        # request gets what the mutant gives it without the skipped ones.
-        found = prefill_result.compare_without_skipped(
-            harness, in_place, mutant, specs, return_logprob
+        release_runs = inputs.release(n, _prefill_runs, harness, release, specs, return_logprob)
+        mutant_runs = _prefill_runs(harness, mutant, specs, return_logprob)
+        trial.raised += any(isinstance(r, prefill_result.Raised) for r in mutant_runs)
+        where = prefill_result.harness._describe(specs, return_logprob)
+        trial.tell(_first_of(mutant_runs, release_runs), where)
+        if in_place is None:
+            continue
+        if not fixed:
+            got = harness.run(in_place, specs, return_logprob=return_logprob)
+            found = first_difference(got, mutant_runs[0], "batch")
+        else:
+            # The contract flatgather changes on purpose (SGLang #36938): each
+            # request gets what the mutant gives it without the skipped ones.
+            found = prefill_result.compare_without_skipped(
+                harness, in_place, mutant, specs, return_logprob
+            )
+            if found and found.startswith("the release's own method fails"):
+                found = _where_the_mutant_raises(
+                    trial, harness, in_place, mutant, specs, return_logprob
+                )
+        if found:
+            trial.difference = f"{where}: {found}" if not found.startswith("on ") else found
+
+
+def _prefill_runs(harness, function, specs, rl, skipped=None) -> tuple:
+    """``function`` on the whole batch, and on the batch without the
+    ``skipped`` requests (by default those marked so)."""
+    if skipped is None:
+        skipped = [k for k, s in enumerate(specs) if s.skipped]
+    whole = harness.run(function, specs, return_logprob=rl)
+    kept = [k for k in range(len(specs)) if k not in skipped]
+    alone = harness.run(function, specs, kept, rl) if skipped else whole
+    return whole, alone
+
+
+def _first_of(mutant_runs, release_runs) -> str | None:
+    names = ("whole batch", "without the skipped")
+    for name, m, r in zip(names, mutant_runs, release_runs, strict=True):
+        found = first_difference(m, r, name)
+        if found:
+            return found
+    return None
+
+
+def _where_the_mutant_raises(trial, harness, in_place, mutant, specs, rl) -> str | None:
+    """flatgather's answer where the mutant raises on the batch or on it
+    without its skipped requests: the same exception; where only the whole
+    batch raises and flatgather answers, each kept request what the mutant
+    gives it without the skipped ones, and the trial says what is left
+    unchecked (the skipped requests' state)."""
+    from flatgather.sglang.patches.prefill_result import Raised
+
+    # The requests the mutant itself skips, as the contract's check finds them.
+    whole, alone = _prefill_runs(harness, mutant, specs, rl, harness.skipped(mutant, specs))
+    raised = {o.type for o in (whole, alone) if isinstance(o, Raised)}
+    got = harness.run(in_place, specs, return_logprob=rl)
+    if isinstance(got, Raised):
+        return None if got.type in raised else f"raised {got.type}, the mutant {sorted(raised)}"
+    if isinstance(alone, Raised):
+        return f"answered where the mutant without the skipped requests raises {alone.type}"
+    for k in alone:
+        found = first_difference(got[k], alone[k], f"request {k}")
+        if found:
+            return found
+    if not trial.unchecked:
+        trial.unchecked = (
+            f"the mutant raises {whole.type} on the whole batch only; flatgather gives each "
+            "kept request what the mutant gives it without the skipped ones, and the skipped "
+            "requests' state has nothing to be held to"
         )
-        if found and found.startswith("the release's own method fails"):
-            trial.raised += 1
-        elif found:
-            trial.difference = found
-            break
-    return trial
+    return None
 
 
 def _prefill_request(rng: random.Random):
@@ -262,9 +422,8 @@ def _prefill_request(rng: random.Random):
 # --- _get_pruned_states ----------------------------------------------------------------------
 
 
-def _pruned_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
+def _pruned_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
     import flatgather.sglang as fs
-    from flatgather.sglang.patches.pruned_states import probe
     from sglang.srt.layers import logits_processor as lp
 
     cls = lp.LogitsProcessor
@@ -275,53 +434,77 @@ def _pruned_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
             with _shape_gate():
                 fs.install(input_logprobs=False, output_logprobs=False)
         except fs.UnsupportedRelease as exc:
-            return Trial(patched=False, note=str(exc))
-        try:
-            in_place = vars(cls)["_get_pruned_states"]
-            trial = Trial(patched=in_place is not mutant)
-            if trial.patched:
-                _compare_pruned(trial, in_place, mutant, rng, cases, probe)
-            return trial
-        finally:
-            fs.uninstall()
+            trial = Trial(patched=False, note=str(exc))
+        else:
+            try:
+                in_place = vars(cls)["_get_pruned_states"]
+                trial = Trial(patched=in_place is not mutant)
+                if trial.patched:
+                    _compare_pruned(trial, in_place, mutant, release, inputs, cases)
+                    return trial
+            finally:
+                fs.uninstall()
     finally:
         cls._get_pruned_states = shipped
+    _compare_pruned(trial, None, mutant, release, inputs, cases)
+    return trial
 
 
-def _compare_pruned(trial: Trial, ours, mutant, rng: random.Random, cases: int, probe) -> None:
-    from flatgather.bench.batches import make_states, metadata
-    from flatgather.sglang.compare import first_difference
+def _compare_pruned(trial: Trial, ours, mutant, release, inputs: Inputs, cases: int) -> None:
+    """``ours`` (None: the mutant stays) against the mutant, and the mutant
+    against the release, on the same batches."""
     from flatgather.sglang.unpinned import unpinned_without_cuda
 
-    for _ in range(cases):
-        extend, start = _lengths(rng)
-        capture = rng.choice(["NULL", "LAST", "FULL"])
-        states = make_states(extend, rng.randint(0, 2**16), torch.float32, 4, True, "list", 2, 0)
-        got = _outcome(ours, None, *states, metadata(extend, start, capture))
+    for n in tries(trial, cases, alone=ours is None):
+        batch = _PrunedBatch.draw(inputs.rng(n))
+        states = batch.states(layers=2)
         with unpinned_without_cuda():
-            want = _outcome(mutant, None, *states, metadata(extend, start, capture))
+            # Each side on states of its own: a mutant may write into them.
+            fresh = batch.states(layers=2)
+            base = inputs.release(n, _pruned_call, release, fresh, batch.metadata())
+            want, wrote = _pruned_call(mutant, batch.states(layers=2), batch.metadata())
         trial.compared += 1
         trial.raised += isinstance(want, type)
-        if isinstance(want, tuple) and want[2] is None and isinstance(got, tuple):
+        trial.tell(first_difference((want, wrote), base, "result"), batch.where)
+        if ours is None:
+            continue
+        got, got_wrote = _pruned_call(ours, states, batch.metadata())
+        found = first_difference(got_wrote, wrote, "logits_metadata")
+        if found:
+            trial.difference = f"{batch.where}: {found}"
+            return
+        if (
+            isinstance(want, tuple)
+            and want[2] is None
+            and isinstance(states[2], list)
+            and isinstance(got, tuple)
+        ):
             # Where the mutant drops list aux layers, flatgather backports
             # SGLang PR #21589: each layer pruned as the mutant prunes hidden states.
             with unpinned_without_cuda():
                 fixed = [
-                    _outcome(mutant, None, layer, None, None, metadata(extend, start))
+                    _outcome(mutant, None, layer, None, None, batch.metadata("NULL"))
                     for layer in states[2]
                 ]
             fixed = [f[0] if isinstance(f, tuple) else f for f in fixed]
             want = (*want[:2], fixed, *want[3:])
         found = first_difference(got, want, "result")
         if found:
-            trial.difference = f"extend {extend} start {start}: {found}"
-            return
+            trial.difference = f"{batch.where}: {found}"
+
+
+def _pruned_call(fn, states, md) -> tuple:
+    """``fn``'s outcome, and the metadata's fields after it: the release
+    writes the index sets it computed there (``sample_indices_cpu`` and the
+    like), which the logits processor reads next."""
+    outcome = _outcome(fn, None, *states, md)
+    return outcome, {f.name: getattr(md, f.name) for f in dataclasses.fields(md)}
 
 
 # --- _get_hidden_states_to_store, under lazy aux pruning --------------------------------------
 
 
-def _store_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
+def _store_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
     """Lazy aux pruning hands the release's store an aux result that holds
     only the rows flatgather proved it reads; a store that reads others
     must turn lazy aux off."""
@@ -332,59 +515,59 @@ def _store_trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
     cls = lp.LogitsProcessor
     shipped = vars(cls)["_get_hidden_states_to_store"]
     stock_pruned = vars(cls)["_get_pruned_states"]
+    sides = [None, None, stock_pruned, mutant, release, None]
     cls._get_hidden_states_to_store = mutant
     try:
         try:
             with _shape_gate():
                 report = fs.install(input_logprobs=False, output_logprobs=False)
         except fs.UnsupportedRelease as exc:
-            return Trial(patched=False, note=str(exc))
-        try:
-            trial = Trial(patched=report.lazy_aux, note="; ".join(report.notes))
-            if trial.patched:
-                pruned = vars(cls)["_get_pruned_states"]
-                store = vars(cls)["_get_hidden_states_to_store"]
-                sides = (
-                    pruned,
-                    store,
-                    stock_pruned,
-                    mutant,
-                    installer._state.about("pruned-states").gate,
-                )
-                _compare_stores(trial, sides, rng, cases)
-            return trial
-        finally:
-            fs.uninstall()
+            trial = Trial(patched=False, note=str(exc))
+        else:
+            try:
+                trial = Trial(patched=report.lazy_aux, note="; ".join(report.notes))
+                if trial.patched:
+                    sides[0] = vars(cls)["_get_pruned_states"]
+                    sides[1] = vars(cls)["_get_hidden_states_to_store"]
+                    (pruning,) = [s for s in installer.in_service() if isinstance(s, Pruning)]
+                    sides[5] = pruning.gate
+                    _compare_stores(trial, sides, inputs, cases)
+                    return trial
+            finally:
+                fs.uninstall()
     finally:
         cls._get_hidden_states_to_store = shipped
+    _compare_stores(trial, sides, inputs, cases)
+    return trial
 
 
-def _compare_stores(trial: Trial, sides, rng: random.Random, cases: int) -> None:
-    from flatgather.bench.batches import make_states, metadata
-    from flatgather.sglang.compare import first_difference
+def _compare_stores(trial: Trial, sides, inputs: Inputs, cases: int) -> None:
+    """flatgather's pruning and store (when lazy aux is on) against the
+    release's pruning and the mutant store, and the mutant store against the
+    release's, on the same batches."""
     from flatgather.sglang.patches.pruned_states import LazyAuxPruned, lazy_scope
-    from flatgather.sglang.unpinned import unpinned_without_cuda
     from sglang.srt.layers import logits_processor as lp
 
-    pruned, store, stock_pruned, mutant, gate = sides
+    pruned, store, stock_pruned, mutant, release, gate = sides
     # Lazy aux pruning applies to a processor whose class's store is the
     # installed one, as in a real forward.
     processor = object.__new__(lp.LogitsProcessor)
-    for _ in range(cases):
-        extend, start = _lengths(rng)
-        capture = rng.choice(["NULL", "LAST", "FULL"])
-        before_norm = rng.random() < 0.5
-        h, b, aux = make_states(
-            extend,
-            rng.randint(0, 2**16),
-            torch.float32,
-            4,
-            before_norm,
-            "list",
-            rng.randint(1, 3),
-            0,
-        )
-        md = metadata(extend, start, capture)
+    for n in tries(trial, cases, alone=store is None):
+        rng = inputs.rng(n)
+        batch = _PrunedBatch.draw(rng, store=True)
+        layers = rng.randint(1, 3)
+        where = batch.where
+        # Each side on states of its own: a mutant may write into them.
+        fresh = batch.states(layers)
+        base = inputs.release(n, _stock_store, stock_pruned, release, batch, *fresh)
+        want = _stock_store(stock_pruned, mutant, batch, *batch.states(layers))
+        trial.compared += 1
+        trial.raised += isinstance(want, type)
+        h, b, aux = batch.states(layers)
+        trial.tell(first_difference(want, base, "stored"), where)
+        if store is None:
+            continue
+        md = batch.metadata()
         with lazy_scope(gate):
             result = _outcome(pruned, processor, h, b, aux, md)
             trial.reached = (trial.reached or 0) + (
@@ -395,25 +578,24 @@ def _compare_stores(trial: Trial, sides, rng: random.Random, cases: int) -> None
                 if isinstance(result, type)
                 else _outcome(store, processor, h, b, aux, *result[:4], md)
             )
-        md = metadata(extend, start, capture)
-        with unpinned_without_cuda():
-            result = _outcome(stock_pruned, None, h, b, aux, md)
-            if isinstance(result, tuple) and result[2] is None:
-                layers = [
-                    stock_pruned(None, a, None, None, metadata(extend, start))[0] for a in aux
-                ]
-                result = (*result[:2], layers, *result[3:])
-        want = (
-            result
-            if isinstance(result, type)
-            else _outcome(mutant, None, h, b, aux, *result[:4], md)
-        )
-        trial.compared += 1
-        trial.raised += isinstance(want, type)
         found = first_difference(got, want, "stored")
         if found:
-            trial.difference = f"extend {extend} start {start} {capture}: {found}"
-            return
+            trial.difference = f"{where}: {found}"
+
+
+def _stock_store(stock_pruned, store, batch, h, b, aux):
+    """The release's pruning, then ``store``, on fresh metadata."""
+    from flatgather.sglang.unpinned import unpinned_without_cuda
+
+    md = batch.metadata()
+    with unpinned_without_cuda():
+        result = _outcome(stock_pruned, None, h, b, aux, md)
+        if isinstance(result, tuple) and result[2] is None and isinstance(aux, list):
+            layers = [stock_pruned(None, a, None, None, batch.metadata("NULL"))[0] for a in aux]
+            result = (*result[:2], layers, *result[3:])
+    if isinstance(result, type):
+        return result
+    return _outcome(store, None, h, b, aux, *result[:4], md)
 
 
 def _lengths(rng: random.Random) -> tuple[list[int], list[int]]:
@@ -423,78 +605,287 @@ def _lengths(rng: random.Random) -> tuple[list[int], list[int]]:
     return extend, start
 
 
+_OTHER_MODES = ("DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2", "MIXED")
+
+
+@dataclass
+class _PrunedBatch:
+    """One forward's batch as the logits processor's pruning sees it: a
+    prefill with input logprobs most often, else one without, or a decode,
+    verify or draft-extend step (with or without the draft-extend graph's
+    selected rows, where the release has them); the aux layers as a list, a
+    packed tensor, an empty list or None."""
+
+    extend: list[int]
+    start: list[int]
+    capture: str
+    mode: str | None
+    logprob: bool
+    select: list[int] | None
+    aux: str
+    before_norm: bool
+    seed: int
+
+    @classmethod
+    def draw(cls, rng: random.Random, store: bool = False) -> _PrunedBatch:
+        """``store``: a batch whose aux layers a forward hands the store (a
+        model without them has None, never an empty list)."""
+        from sglang.srt.layers.logits_processor import LogitsMetadata
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        extend, start = _lengths(rng)
+        mode, logprob, select = None, True, None
+        kind = rng.random()
+        if kind < 0.15:
+            logprob = False
+        elif kind < 0.35:
+            mode = rng.choice([m for m in _OTHER_MODES if hasattr(ForwardMode, m)])
+            fields = getattr(LogitsMetadata, "__dataclass_fields__", {})
+            if "draft_extend_select_index" in fields and rng.random() < 0.5:
+                rows = sum(extend)
+                select = sorted(rng.sample(range(rows), rng.randint(1, rows)))
+        return cls(
+            extend,
+            start,
+            rng.choice(["NULL", "LAST", "FULL"]),
+            mode,
+            logprob,
+            select,
+            # The store's LAST capture keeps the rows it returns apart only
+            # without aux layers and before-norm states: drawn as often.
+            rng.choice(["list", "list", "packed", "none", "none"] + ([] if store else ["empty"])),
+            rng.random() < (0.5 if store else 0.7),
+            rng.randint(0, 2**16),
+        )
+
+    @property
+    def where(self) -> str:
+        mode = self.mode or ("EXTEND" if self.logprob else "EXTEND without logprobs")
+        extra = f" select {self.select}" if self.select is not None else ""
+        return (
+            f"{mode} extend {self.extend} start {self.start} {self.capture}{extra}, "
+            f"aux {self.aux}{'' if self.before_norm else ', no before-norm'}"
+        )
+
+    def states(self, layers: int):
+        from flatgather.bench.batches import make_states
+
+        aux = "empty-list" if self.aux == "empty" else self.aux
+        return make_states(
+            self.extend, self.seed, torch.float32, 4, self.before_norm, aux, layers, 0
+        )
+
+    def metadata(self, capture: str | None = None):
+        from flatgather.bench.batches import metadata
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        mode = None if self.mode is None else getattr(ForwardMode, self.mode)
+        extra = {}
+        if self.select is not None:
+            extra["draft_extend_select_index"] = torch.tensor(self.select, dtype=torch.int64)
+        md = metadata(self.extend, self.start, capture or self.capture, mode, **extra)
+        md.extend_return_logprob = self.logprob
+        return md
+
+
 # --- the output-logprob chain's consumers ----------------------------------------------------
 
 
-def _chain_trial(stage: str, module_name: str):
-    """``stage``: the chain's key for the method (``copy_to_cpu``, or
-    ``normalize`` for the scheduler's ``_normalize_decode_outputs``). The
-    stages work together, so whatever flatgather does with the mutant, it
-    runs with flatgather's other stages installed, as on a server, against
-    the release's chain with the mutant in its place."""
+def _chain_trial(stage: str, module_name: str, compare=None):
+    """``stage``: the chain's key for the method (``copy_to_cpu``,
+    ``normalize`` for the scheduler's ``_normalize_decode_outputs``, or a
+    name of a method no stage of :mod:`flatgather.bench.spec_chain` runs:
+    ``compare`` then drives it). The stages work together, so whatever
+    flatgather does with the mutant, it runs with flatgather's other stages
+    installed, as on a server, against the release's chain with the mutant
+    in its place."""
 
-    def trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
+    def trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
         import flatgather.sglang as fs
         from flatgather.bench import spec_chain as sc
         from flatgather.sglang.patches import output_logprobs
 
         chain = sc.find()
-        real = chain.result_cls if stage == "copy_to_cpu" else chain.processor
+        real = {
+            "copy_to_cpu": chain.result_cls,
+            "normalize": chain.processor,
+            "move_logprobs_to_cpu": chain.processor,
+        }.get(stage)
+        if real is None:  # up to 0.5.12: the mixin
+            real = importlib.import_module(module_name).SchedulerOutputProcessorMixin
         owner = getattr(copy, real.__name__)
         holder = types.SimpleNamespace(__name__=module_name, **{real.__name__: owner})
         result = output_logprobs.CHAIN.prepare(holder)
         ours = [p.new for p in result.swaps if p.name == mutant.__name__]
         trial = Trial(patched=bool(ours), note="; ".join(result.notes))
         in_place = ours[0] if ours else mutant
-        saved = chain.stock[stage]
-        chain.stock[stage] = mutant
+        saved = chain.stock.get(stage)
         fs.install(input_logprobs=False)
         try:
             installed = vars(real)[mutant.__name__]
             setattr(real, mutant.__name__, in_place)
             try:
                 with sc.emulated_copies():
-                    _compare_chains(trial, sc, rng, cases)
+                    if compare is not None:
+                        compare(trial, sc, chain, mutant, release, inputs, cases)
+                        return trial
+                    sides = {"mutant": mutant, "release": release}
+                    _compare_chains(trial, sc, chain, stage, sides, inputs, cases)
             finally:
                 setattr(real, mutant.__name__, installed)
         finally:
             fs.uninstall()
-            chain.stock[stage] = saved
+            if saved is not None:
+                chain.stock[stage] = saved
         return trial
 
     return trial
 
 
-def _compare_chains(trial: Trial, sc, rng: random.Random, cases: int) -> None:
+def _chain_step(sc, rng: random.Random, vocab: int, positions: int = 8):
+    b, a = rng.randint(1, 24), rng.randint(1, positions)
+    top = [rng.choice([0, 0, 1, 3, 20]) for _ in range(b)]
+    if rng.random() < 0.2:
+        ids = [None] * b
+    else:
+        ids = [[rng.randint(-vocab, vocab - 1) for _ in range(rng.randint(0, 5))] for _ in range(b)]
+    accept = [rng.randint(1, a) for _ in range(b)]
+    dtype = rng.choice([torch.float32, torch.bfloat16])
+    step = sc.make_step(b, a, top, ids, accept, vocab=vocab, dtype=dtype, seed=rng.randint(0, 999))
+    return step, f"{b} requests x {a} positions, top {top}"
+
+
+def _versus(got, want, difference) -> str | None:
+    """Outcomes compared: the same exception (by type), or the same lists."""
+    if isinstance(want, type) or isinstance(got, type):
+        return None if got is want else f"raised {got}, the mutant {want}"
+    return difference(got, want)
+
+
+def _compare_chains(trial: Trial, sc, chain, stage, sides, inputs: Inputs, cases: int) -> None:
     from flatgather.sglang.patches.output_logprobs import difference
 
-    vocab = 48
-    for _ in range(cases):
-        b, a = rng.randint(1, 24), rng.randint(1, 8)
-        top = [rng.choice([0, 0, 1, 3, 20]) for _ in range(b)]
-        if rng.random() < 0.2:
-            ids = [None] * b
-        else:
-            ids = [
-                [rng.randint(-vocab, vocab - 1) for _ in range(rng.randint(0, 5))] for _ in range(b)
-            ]
-        accept = [rng.randint(1, a) for _ in range(b)]
-        dtype = rng.choice([torch.float32, torch.bfloat16])
-        step = sc.make_step(
-            b, a, top, ids, accept, vocab=vocab, dtype=dtype, seed=rng.randint(0, 999)
-        )
+    for n in tries(trial, cases, alone=False):
+        step, where = _chain_step(sc, inputs.rng(n), 48)
+        chain.stock[stage] = sides["release"]
+        base = inputs.release(n, _outcome, sc.run, step, True)
+        chain.stock[stage] = sides["mutant"]
         want = _outcome(sc.run, step, True)
         got = _outcome(sc.run, step, False)
         trial.compared += 1
         trial.raised += isinstance(want, type)
-        found = (
-            (None if got is want else f"raised {got}, the mutant {want}")
-            if isinstance(want, type) or isinstance(got, type)
-            else difference(got, want)
-        )
+        trial.tell(_versus(want, base, difference), where)
+        found = _versus(got, want, difference)
         if found:
-            trial.difference = f"{b} requests x {a} positions, top {top}: {found}"
-            return
+            trial.difference = f"{where}: {found}"
+
+
+_MOVED = (
+    "next_token_logprobs",
+    "input_token_logprobs",
+    "next_token_top_logprobs_val",
+    "next_token_top_logprobs_idx",
+    "next_token_token_ids_logprobs_val",
+    "next_token_token_ids_logprobs_idx",
+    "input_top_logprobs_val",
+    "input_top_logprobs_idx",
+    "input_token_ids_logprobs_val",
+)
+
+
+def _moved(sc, chain, method, step, stock: bool, how: dict) -> dict | type:
+    """Stages 1 and 2 (the release's, or what is installed), then ``method``
+    (``move_logprobs_to_cpu``, the prefill's stage 3) on their output, with
+    the input logprobs a prefill also hands it: every list it leaves."""
+    one, two, _, state = sc.stages(chain, step, stock)
+    one()
+    if how["copy"]:
+        two()
+    lo = state["result"].logits_output
+    if how["input"] is not None:
+        lo.input_token_logprobs = how["input"].clone()
+    if how["no next"]:
+        lo.next_token_logprobs = None
+    if how["borrowed"] is not None and hasattr(lo, "finalize_input_logprobs"):
+        # Input logprobs borrowed from a device copy: per request, spans of rows.
+        lo.input_logprobs_copy_done = sc._Event()
+        lo.input_top_logprobs_val = [[t.clone() for t in spans] for spans in how["borrowed"]]
+        lo.input_top_logprobs_idx = [[t.clone() for t in spans] for spans in how["borrowed"]]
+    batch = types.SimpleNamespace(return_logprob=how["return_logprob"])
+    try:
+        with torch.inference_mode():
+            method(None, batch=batch, logits_output=lo)
+    except Exception as exc:  # compared by type: the same failure, or none
+        return type(exc)
+    moved = {name: getattr(lo, name, None) for name in _MOVED}
+    moved["input copy pending"] = getattr(lo, "input_logprobs_copy_done", None) is not None
+    return moved
+
+
+def _randn(rng: random.Random, n: int) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(rng.randint(0, 2**16)))
+
+
+def _compare_moves(trial, sc, chain, mutant, release, inputs: Inputs, cases: int) -> None:
+    from flatgather.sglang.patches.output_logprobs import difference
+
+    in_place = vars(chain.processor)[mutant.__name__]
+    for n in tries(trial, cases, alone=False):
+        rng = inputs.rng(n)
+        step, where = _chain_step(sc, rng, 48, positions=rng.choice([1, 1, 4]))
+        how = {
+            "copy": rng.random() < 0.7,
+            "input": None if rng.random() < 0.5 else _randn(rng, rng.randint(0, 9)),
+            "no next": rng.random() < 0.15,
+            "return_logprob": rng.random() < 0.85,
+            "borrowed": None,
+        }
+        if rng.random() < 0.3:
+            how["borrowed"] = [
+                [_randn(rng, rng.randint(1, 3)).view(-1, 1) for _ in range(rng.randint(0, 2))]
+                for _ in range(rng.randint(1, 4))
+            ]
+        base = inputs.release(n, _moved, sc, chain, release, step, True, how)
+        want = _moved(sc, chain, mutant, step, True, how)
+        got = _moved(sc, chain, in_place, step, False, how)
+        trial.compared += 1
+        trial.raised += isinstance(want, type)
+        where = f"{where}, {how}"
+        trial.tell(_versus(want, base, difference), where)
+        found = _versus(got, want, difference)
+        if found:
+            trial.difference = f"{where}: {found}"
+
+
+def _compare_decodes(trial, sc, chain, mutant, release, inputs: Inputs, cases: int) -> None:
+    """Up to 0.5.12 stage 3 is the mixin's ``process_batch_result_decode``,
+    driven as ``tests/test_spec_logprobs.py`` drives it (the chain's real
+    stages 1 and 2, stand-ins for the scheduler, the batch and its
+    requests, retracted and finished ones among them)."""
+    from flatgather.sglang.patches.output_logprobs import difference
+    from test_spec_logprobs import _decode_result
+
+    owner = importlib.import_module(_MIXIN).SchedulerOutputProcessorMixin
+    in_place = vars(owner)[mutant.__name__]
+    for n in tries(trial, cases, alone=False):
+        rng = inputs.rng(n)
+        spec = rng.random() < 0.7
+        step, where = _chain_step(sc, rng, 48, positions=8 if spec else 1)
+        skipped = {
+            i: rng.choice(["retracted", "finished"]) for i in range(step.B) if rng.random() < 0.2
+        }
+        where = f"{where}{' (spec v2)' if spec else ''}, skipped {skipped}"
+        base = inputs.release(n, _decode_result, release, step, True, spec, skipped)
+        want = _decode_result(mutant, step, True, spec, skipped)
+        got = _decode_result(in_place, step, False, spec, skipped)
+        for side in (want, base, got):
+            side.pop("flat", None)
+        trial.compared += 1
+        trial.raised += "raised" in want
+        trial.tell(difference(want, base), where)
+        found = difference(got, want)
+        if found:
+            trial.difference = f"{where}: {found}"
 
 
 @contextlib.contextmanager
@@ -523,7 +914,7 @@ def _shape_gate():
 
 
 def _replaced_whole_trial(prepare):
-    def trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
+    def trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
         with _shape_gate():
             result = prepare(copy)
         ours = [p for p in result.swaps if p.name == mutant.__name__]
@@ -537,7 +928,7 @@ def _callee_trial(caller: str, prepare):
     """A helper of the module that a function replaced whole calls, mutated
     in a copy of the whole module: the caller is then a fork's."""
 
-    def trial(copy, mutant, rng: random.Random, cases: int) -> Trial:
+    def trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
         with _shape_gate():
             result = prepare(copy)
         ours = [p for p in result.swaps if p.name == caller]
@@ -588,7 +979,7 @@ def targets() -> list[Target]:
 
     _stand_ins()
     replaced_whole = []
-    for name, fn in shapes.release_functions().items():
+    for name, fn in fingerprints.release_functions().items():
         if name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
             prepare = output_logprobs.PRODUCER.prepare
         else:
@@ -602,6 +993,7 @@ def targets() -> list[Target]:
                 name,
                 _replaced_whole_trial(prepare),
                 whole_function=True,
+                gated=True,
             )
         )
         replaced_whole += [
@@ -612,6 +1004,7 @@ def targets() -> list[Target]:
                 callee,
                 _callee_trial(name, prepare),
                 whole_function=True,
+                gated=True,
             )
             for callee in _callees(fn)
         ]
@@ -625,6 +1018,7 @@ def targets() -> list[Target]:
             "_get_pruned_states",
             _pruned_trial,
             whole_module=False,
+            gated=True,
         ),
         Target(
             "LogitsProcessor._get_hidden_states_to_store",
@@ -633,6 +1027,7 @@ def targets() -> list[Target]:
             "_get_hidden_states_to_store",
             _store_trial,
             whole_module=False,
+            gated=True,
         ),
         Target(
             f"{draft_prefill.OWNER}.{draft_prefill.METHOD}",
@@ -649,8 +1044,27 @@ def targets() -> list[Target]:
             prefill_result.METHOD,
             _prefill_trial,
         ),
+        *_chained_prefill(owner, prefill_module),
         *replaced_whole,
         *_chain_targets(),
+    ]
+
+
+def _chained_prefill(owner: type, module: str) -> list[Target]:
+    """Up to 0.5.12 the output chain rebuilds the method #36938 fixes (it
+    holds ``.tolist()`` loops over the logprob lists): the two as installed."""
+    from flatgather.sglang.patches import output_logprobs, prefill_result
+
+    if prefill_result.METHOD not in output_logprobs.methods_with_loops(owner):
+        return []
+    return [
+        Target(
+            f"{owner.__name__}.{prefill_result.METHOD} (fixed, then the chain's)",
+            module,
+            owner.__name__,
+            prefill_result.METHOD,
+            _prefill_chained_trial,
+        )
     ]
 
 
@@ -677,6 +1091,29 @@ def _chain_targets() -> list[Target]:
                 chain.processor.__name__,
                 "_normalize_decode_outputs",
                 _chain_trial("normalize", sc.PROCESSOR),
+                whole_module=False,
+                always_compared=True,
+            )
+        )
+        found.append(
+            Target(
+                f"{chain.processor.__name__}.move_logprobs_to_cpu",
+                sc.PROCESSOR,
+                chain.processor.__name__,
+                "move_logprobs_to_cpu",
+                _chain_trial("move_logprobs_to_cpu", sc.PROCESSOR, _compare_moves),
+                whole_module=False,
+                always_compared=True,
+            )
+        )
+    else:
+        found.append(
+            Target(
+                "SchedulerOutputProcessorMixin.process_batch_result_decode",
+                _MIXIN,
+                "SchedulerOutputProcessorMixin",
+                "process_batch_result_decode",
+                _chain_trial("decode", _MIXIN, _compare_decodes),
                 whole_module=False,
                 always_compared=True,
             )

@@ -39,6 +39,7 @@ from flatgather.bench.batches import (
 from flatgather.bench.cases import DTYPES, Shape, lengths
 from flatgather.bench.sections import SECTIONS, Case, Planned
 from flatgather.bench.stats import Scoped
+from flatgather.bench.targets import never_slower
 from flatgather.bench.timing import Context, Mismatch, same
 
 SECTION = SECTIONS["forward"]
@@ -259,14 +260,8 @@ def finish(rows: list[dict]) -> dict:
             }
         )
     if measured:
-        slower = [r for r in measured if r["ratios"]["stock/flatgather"]["high"] < 1.0]
-        worst = min(r["ratios"]["stock/flatgather"]["median"] for r in measured)
         out.append(
-            {
-                "name": "the whole forward never slower than stock (interval below 1x)",
-                "met": not slower,
-                "got": f"min {worst:.2f}x" + (f", {len(slower)} slower" if slower else ""),
-            }
+            never_slower(measured, "the whole forward never slower than stock (interval below 1x)")
         )
         lazy = [r for r in measured if "eager/flatgather" in r["ratios"]]
         if lazy:

@@ -8,44 +8,28 @@ exactly what a GPU cannot hide behind its kernels. The index plans alone
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
 
-from flatgather.bench.cases import Grid, Shape, make_inputs, make_numpy_anchor, numpy_indices
-from flatgather.bench.prune_section import _speedups, calls, check
-from flatgather.bench.sections import SECTIONS, TIMINGS, Case, Planned
+from flatgather.bench import prune_section
+from flatgather.bench.cases import Grid, Shape, make_inputs, numpy_indices
+from flatgather.bench.prune_section import calls, check
+from flatgather.bench.sections import SECTIONS, TIMINGS, Planned
 from flatgather.bench.stats import measure_side_by_side
+from flatgather.bench.targets import at_least, speedups
 from flatgather.bench.timing import Context
 
 SECTION = SECTIONS["host-cost"]
 
+# The pruned-states section's shapes at zero width (so in one dtype: no byte
+# is copied), and one batch size more at full size.
 GRIDS = {
-    "quick": Grid(
-        batches=(1, 64, 256),
-        mean_extends=(16,),
-        hiddens=(0,),
-        dtypes=("bf16",),
-        aux=((0, "none"), (3, "list")),
-        max_tokens=16384,
-    ),
-    "default": Grid(
-        batches=(1, 8, 64, 256, 1024),
-        mean_extends=(16, 256),
-        hiddens=(0,),
-        dtypes=("bf16",),
-        aux=((0, "none"), (3, "list"), (3, "packed")),
-        max_tokens=32768,
-    ),
-    "full": Grid(
-        batches=(1, 8, 64, 256, 1024, 4096),
-        mean_extends=(16, 128, 512, 2048),
-        hiddens=(0,),
-        dtypes=("bf16",),
-        aux=((0, "none"), (3, "list"), (3, "packed")),
-        max_tokens=65536,
-    ),
+    size: dataclasses.replace(grid, hiddens=(0,), dtypes=("bf16",))
+    for size, grid in prune_section.GRIDS.items()
 }
+GRIDS["full"] = dataclasses.replace(GRIDS["full"], batches=(*GRIDS["full"].batches, 4096))
 
 
 def series(shape: Shape) -> str:
@@ -94,25 +78,12 @@ def binding_fixed_cost(ctx: Context) -> float:
 
 
 def finish(ctx: Context, rows: list[dict]) -> dict:
-    out = []
-    big = _speedups(rows, "stock", "plan", lambda r: r["info"]["tokens"] >= 30000)
-    if big:
-        out.append(
-            {
-                "name": "plan >= 100x SGLang's loop at >= 30k tokens",
-                "met": min(big) >= 100,
-                "got": f"min {min(big):.0f}x",
-            }
-        )
-    small = _speedups(rows, "numpy_plan", "plan", lambda r: r["batch"] <= 64)
-    if small:
-        out.append(
-            {
-                "name": "plan >= 4x NumPy's index at B <= 64",
-                "met": min(small) >= 4,
-                "got": f"min {min(small):.1f}x",
-            }
-        )
+    big = speedups(rows, "stock", "plan", lambda r: r["info"]["tokens"] >= 30000)
+    small = speedups(rows, "numpy_plan", "plan", lambda r: r["batch"] <= 64)
+    out = [
+        *at_least("plan >= 100x SGLang's loop at >= 30k tokens", big, 100, span=False, digits=0),
+        *at_least("plan >= 4x NumPy's index at B <= 64", small, 4, span=False, digits=1),
+    ]
     fixed = binding_fixed_cost(ctx) * 1e6
     out.append({"name": "binding fixed cost <= 2 µs", "met": fixed <= 2, "got": f"{fixed:.2f} µs"})
     notes = [f"Binding fixed cost (`PrunePlan([1], [0]).fill(...)`): {fixed:.2f} µs."]
@@ -120,18 +91,8 @@ def finish(ctx: Context, rows: list[dict]) -> dict:
 
 
 def plan(ctx: Context, size: str) -> Planned:
-    grid = GRIDS[size]
-    contract = ctx.sglang.contract
-    anchor = make_numpy_anchor(contract.writes_cpu_indices, contract.trailing_token_to_seq)
-    cases = [
-        Case(
-            f"B={shape.batch} {series(shape)}",
-            functools.partial(measure, ctx, grid, shape, anchor),
-        )
-        for shape in grid.shapes(contract.packed_aux)
-    ]
     return Planned(
-        cases,
+        prune_section.shape_cases(ctx, GRIDS[size], measure, series),
         finish=functools.partial(finish, ctx),
         notes=ctx.sglang.stock_notes(),
     )

@@ -353,6 +353,13 @@ def _is_module(target) -> bool:
     return isinstance(target, ModuleType)
 
 
+def in_service() -> tuple[Service, ...]:
+    """What the patches applied so far left in service, in order (none when
+    not installed): the bench and the tests read a patch's state there."""
+    with _lock:
+        return () if _state is None else tuple(_state.services)
+
+
 def is_installed() -> bool:
     return _state is not None
 

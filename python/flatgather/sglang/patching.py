@@ -273,19 +273,27 @@ class Patch(Generic[Proof, Detail]):
     in the note)."""
 
     def configure(self, options: Mapping[str, bool]) -> Patch | None:
-        """This patch as ``install(**options)`` asks for it, or None when an
-        option turns it off."""
-        configured = self
+        """This patch for one installation, as ``install(**options)`` asks
+        for it, or None when an option turns it off. It is a copy of its
+        own: what a patch remembers from one module to the next (verdicts of
+        the release's code) lives as long as that installation, so each
+        installation judges the code it finds and none leaves anything
+        behind."""
+        configured = copy.copy(self)
+        vars(configured)["_memo"] = {}
         for key, option in self.options.items():
             value = options.get(key, True)
             if option.switch:
                 if not value:
                     return None
-            elif getattr(configured, key) != value:
-                if configured is self:
-                    configured = copy.copy(self)
+            else:
                 setattr(configured, key, value)
         return configured
+
+    def memo(self) -> dict:
+        """What this patch remembers from one module to the next: each
+        installation's copy (:meth:`configure`) starts with an empty one."""
+        return vars(self).setdefault("_memo", {})
 
     # --- the steps -----------------------------------------------------------------------------
 

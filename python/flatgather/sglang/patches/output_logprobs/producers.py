@@ -9,6 +9,7 @@ import itertools
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -142,10 +143,18 @@ def release_function(module, name: str):
     return fn if isinstance(fn, types.FunctionType) else None
 
 
-_picked: dict[Callable, Callable | str] = {}
-"""The release's function -> flatgather's replacement of it, verified (or
-why there is none): the same function sits in several modules' globals, and
-the chain's check makes its lists with it."""
+@dataclass
+class _Rebind(Swap):
+    """A swap whose revert puts back the release's own function, whatever
+    the name held when it was applied: a module that imported the name from
+    one flatgather had patched holds flatgather's replacement, which must
+    not outlive the installation."""
+
+    release: Any = None
+
+    def apply(self) -> None:
+        super().apply()
+        self.original = self.release
 
 
 class Registry(Service):
@@ -192,21 +201,17 @@ class Producers(Patch[types.FunctionType, tuple[Callable, Answered]]):
     def locate(self, module):
         targets = []
         for name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
-            original = release_function(module, name)
-            if original is None:
-                continue
-            if vars(module)[name] is not original:
-                # The module imported the name from one flatgather had
-                # patched (0.5.10's worker, the sampler, imported after
-                # install()): it gets the release's own back first, so that
-                # this patch is checked against it and uninstall() restores it.
-                setattr(module, name, original)
-            targets.append(Target(module, name, module))
+            if release_function(module, name) is not None:
+                targets.append(Target(module, name, module))
         return targets
 
     def prove(self, target):
         # Replaced whole, behind its check: what it is, :meth:`vouch` says.
-        return vars(target.owner)[target.name]
+        # Under flatgather's replacement where the module imported the name
+        # from one flatgather had patched (0.5.10's worker, the sampler,
+        # imported after install()): the release's own is checked, and
+        # restored by uninstall() (:class:`_Rebind`).
+        return release_function(target.owner, target.name)
 
     def build(self, target, original):
         """One candidate per walk: the one checked counts its answers; the
@@ -228,19 +233,23 @@ class Producers(Patch[types.FunctionType, tuple[Callable, Answered]]):
         return _verify_producer(original, counted, answers, target.name)
 
     def pick(self, target, original):
-        """Once per release function, whichever module holds it."""
-        found = _picked.get(original)
+        """Once per release function in an installation, whichever module
+        holds it (the same function sits in several modules' globals): the
+        replacement verified, or why there is none, is remembered for that
+        installation alone (:meth:`~flatgather.sglang.patching.Patch.memo`),
+        so the next one judges the code it finds."""
+        verdicts = self.memo()
+        found = verdicts.get(original)
         if found is None:
             try:
                 found = super().pick(target, original).swaps[0].new
             except Refused as exc:
                 found = str(exc)
-            _picked[original] = found
+            verdicts[original] = found
         if isinstance(found, str):
             raise Refused(found)
-        return Candidate(
-            swaps=(Swap(target.owner, target.name, found),), applied=(PRODUCERS,), service=REGISTRY
-        )
+        swap = _Rebind(target.owner, target.name, found, release=original)
+        return Candidate(swaps=(swap,), applied=(PRODUCERS,), service=REGISTRY)
 
     def vouch(self, target, original):
         known_code(target.name, None, original)
@@ -252,8 +261,8 @@ PATCH = Producers()
 
 def producer(original: Callable, name: str) -> tuple[Callable | None, str | None]:
     """flatgather's replacement of the release's ``original`` (``name``),
-    verified against it, or None and the first difference."""
+    verified against it now, or None and the first difference."""
     try:
-        return PATCH.pick(Target(None, name), original).swaps[0].new, None
+        return Producers().pick(Target(None, name), original).swaps[0].new, None
     except Refused as exc:
         return None, str(exc)

@@ -1,0 +1,370 @@
+"""Mutants that no input the suite tries tells apart from the release, and
+why none can: equivalent (the edit changes no answer of the function), or
+unreachable on a CPU (the edit changes only what a CUDA device runs).
+
+Each rule names the function, the operator and the edited code (the
+mutant's description without its line number, which moves between
+releases), so one rule covers every release whose code is the same; an
+argument goes in docs/reliability.md ("Mutants no input tells apart").
+A mutant that no rule names and no input tells apart is counted
+unexplained: the suite's inputs are short of it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .mutants import Mutant
+
+EQUIVALENT = "equivalent"
+CPU = "unreachable on a CPU"
+OUTSIDE = "outside the oracle"
+"""Not equivalent, and reachable on a CPU, but in code whose effect the
+suite's harness for the function does not observe (a collaborator it leaves
+inert): counted apart, a limit of the oracle, not an argument of sameness."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    function: str
+    kind: str
+    why: str
+    operator: str | None = None
+    """The mutant's operator (any, if None)."""
+    code: str = ".*"
+    """A regular expression the description (its line number dropped) must
+    match in full."""
+    lines: Callable[[ast.FunctionDef], Callable[[int], bool] | None] | None = None
+    """Where given: which lines of the function (found in its tree) the rule
+    holds for, every edit there."""
+
+
+def _draft_stop(tree: ast.FunctionDef) -> Callable[[int], bool] | None:
+    """The first statement after ``ForwardBatch.init_new`` that reads the
+    forward batch or runs the draft model: the draft harness stops there
+    (the draft model's forward needs the model, on its device)."""
+
+    def reads_batch(node: ast.AST) -> bool:
+        return any(
+            (
+                isinstance(n, ast.Attribute)
+                and isinstance(n.ctx, ast.Load)
+                and ast.unparse(n.value) == "forward_batch"
+            )
+            or (isinstance(n, ast.Call) and ast.unparse(n.func).endswith("draft_runner.forward"))
+            for n in ast.walk(node)
+        )
+
+    made = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("ForwardBatch.init_new")
+    ]
+    if not made:
+        return None
+    stops = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.stmt)
+        and n.lineno > made[0]
+        and not isinstance(n, (ast.If, ast.With, ast.For))
+        and reads_batch(n)
+    ]
+    if not stops:
+        return None
+    return lambda line: line >= min(stops)
+
+
+_PREFILL_INERT = (
+    r".*(token_to_kv_pool_allocator|output_streamer|stream_output|can_run_cuda_graph"
+    r"|prefill_stats|metrics|copy_done|auxiliary_output|auxiliary_host_output"
+    r"|routed_experts|indexer|sampling_mask|statuses|status = |_validate_pp_skip|hidden"
+    r"|time_stats|grammar|embedding|pooled|phs|kv_cache|tree_cache|kv\.|hisparse|get_memory"
+    r"|discard_finish_reason|discard_output_reason|should_commit_output|skip_stream_req"
+    r"|update_finish_state|inflight_middle_chunks|to_finish|decoding_reqs|is_retracted"
+    r"|finished\(\)|enable_overlap|disaggregation|is_generation|beam_coordinator"
+    r"|reasoning|customized_info|_maybe_|init_next_round_input|cache_unfinished_req"
+    r"|session|spec_|check_finished|free_group|release_).*"
+)
+
+
+def _embedding_branch(tree: ast.FunctionDef) -> Callable[[int], bool] | None:
+    """The lines of the ``else`` branch of ``if self.is_generation:`` (an
+    embedding model's batch), which the prefill harness never runs."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.If)
+            and ast.unparse(node.test) == "self.is_generation"
+            and node.orelse
+        ):
+            first, last = node.orelse[0].lineno, node.orelse[-1].end_lineno
+            return lambda line: first <= line <= last
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "_draft_extend_for_prefill",
+        CPU,
+        "the edit lies after the first read of the forward batch or the draft model's forward, "
+        "where the draft harness stops (the draft model runs on its device, with its weights); "
+        "flatgather's rewrite leaves that code as shipped",
+        lines=_draft_stop,
+    ),
+    Rule(
+        "_draft_extend_for_prefill",
+        EQUIVALENT,
+        "the assertion holds on every batch (the extend lengths sum to the batch's tokens)",
+        code=r"`assert pt == batch\.input_ids\.numel\(\)`",
+    ),
+    Rule(
+        "_draft_extend_for_prefill",
+        EQUIVALENT,
+        "run twice, it writes the same values again (a copy into rows it does not read, or a "
+        "rebinding to what it was bound to, or a second forward batch that replaces the first: "
+        "nothing holds the first)",
+        operator="statement duplicated",
+        code=r"`(new_input_ids\[.*\.copy_\(|rotated_mm\[.*\.copy_\(|if mm_input_embeds is not "
+        r"None:|tail_tokens = _eagle_prefill_tail_tokens\(|forward_batch = ForwardBatch\."
+        r"init_new\().*`",
+    ),
+    Rule(
+        "_draft_extend_for_prefill",
+        OUTSIDE,
+        "the draft harness's `ForwardBatch.init_new` records what is set on the forward batch, "
+        "not the arguments it is called with nor `batch.spec_info`; flatgather's rewrite "
+        "leaves these lines as shipped",
+        code=r"`(batch\.spec_info = |ForwardBatch\.init_new\(|EagleDraftExtendInput\(|1`|False`)"
+        r".*",
+    ),
+    Rule(
+        "_get_pruned_states",
+        EQUIVALENT,
+        "a tensor made of a tensor holds the same values, dtype and device",
+        operator="statement duplicated",
+        code=r"`(\w+) = torch\.tensor\(\1, .*",
+    ),
+    Rule(
+        "_get_hidden_states_to_store",
+        EQUIVALENT,
+        "the branch is dead: every capture mode that needs a capture is FULL or LAST",
+        code=r"`(assert False, 'Should never reach'|False)`.*",
+    ),
+    Rule(
+        "_get_hidden_states_to_store",
+        EQUIVALENT,
+        "`pack_aux_hidden_states` returns a tensor as it is: packing twice packs once, and "
+        "it is the only name the branch binds from one it binds",
+        operator="statement duplicated",
+        code=r"`(\w+ = pack_aux_hidden_states\(.*|if logits_metadata\.capture_hidden_mode\."
+        r"is_last\(\):|if aux_hidden_states is not None:)`?",
+    ),
+    Rule(
+        "_normalize_decode_outputs",
+        OUTSIDE,
+        "the chain's harness drives the method with a plain decode batch that asks for "
+        "logprobs (what `flatgather.bench.spec_chain` runs), never a spec-v2 or a spec-v1 "
+        "batch nor one without logprobs; the rewrite replaces only the `.tolist()` loops and "
+        "leaves these lines as shipped",
+        code=r".*(_resolve_spec_v2_tokens|spec_algorithm|is_spec_v2|next_token_logprobs = None"
+        r"|\[\[t\] for t in ids\]|isinstance\(next_token_ids, list\)).*",
+    ),
+    Rule(
+        "copy_to_cpu",
+        CPU,
+        "every statement of the method makes a host copy of a device tensor (or records the "
+        "copy's event, or maps the copy over a holder's tensors); on a CPU the copy holds the "
+        "values its source holds, so an edit that drops, repeats or skips a copy changes only "
+        "where the values live and when they are copied, which no CPU run can show "
+        "(`tests/test_spec_logprobs.py` compares the device branch where CUDA is present)",
+    ),
+    Rule(
+        "process_batch_result_prefill",
+        EQUIVALENT,
+        "the assertion holds on every batch that reaches it",
+        code=r"`assert (logits_output|extend_input_len_per_req) is not None`",
+    ),
+    Rule(
+        "process_batch_result_prefill",
+        OUTSIDE,
+        "the edit lies in the embedding model's branch (`else` of `if self.is_generation:`), "
+        "which the prefill harness, a generation model's batch, never runs",
+        lines=_embedding_branch,
+    ),
+    Rule(
+        "process_batch_result_prefill",
+        OUTSIDE,
+        "the edit changes only calls on, or values of, what the prefill harness leaves inert "
+        "(the KV pool, the streamer, metrics and time stats, grammar, hidden states, auxiliary "
+        "and routed-expert outputs, sampling masks, finishing and discarding, embeddings); the "
+        "harness observes each request's logprob state, and flatgather's fix leaves these "
+        "lines as shipped",
+        code=_PREFILL_INERT,
+    ),
+    Rule(
+        "process_batch_result_decode",
+        OUTSIDE,
+        "the edit changes only calls on, or values of, what the decode harness leaves inert "
+        "(metrics, grammar, streaming, the KV cache, finishing, hidden states); the harness "
+        "observes what each request receives of its tokens and logprobs, and the chain's "
+        "rewrite leaves these lines as shipped",
+        code=_PREFILL_INERT,
+    ),
+)
+
+
+def _code(description: str) -> str:
+    return re.sub(r"^line \d+: ", "", description)
+
+
+def _line(description: str) -> int:
+    found = re.match(r"^line (\d+): ", description)
+    return int(found.group(1)) if found else 0
+
+
+IDEMPOTENT = (
+    "the statement run twice leaves what it leaves run once: it only binds names or "
+    "attributes, from values that read none of them, through calls without side effects"
+)
+
+
+def argued(function: str, mutant: Mutant, tree: ast.FunctionDef | None = None) -> str:
+    """``"<kind>: <why>"`` for a duplicated statement that is idempotent
+    (:func:`idempotent`, given the function's ``tree``) or for the first
+    rule naming ``mutant`` of ``function``; else empty."""
+    if tree is not None and mutant.operator == "statement duplicated":
+        field, position = mutant.variant
+        stmt = getattr(list(ast.walk(tree))[mutant.site], field)[position]
+        if idempotent([stmt]):
+            return f"{EQUIVALENT}: {IDEMPOTENT}"
+    code = _code(mutant.description)
+    for rule in RULES:
+        if rule.function != function or rule.operator not in (None, mutant.operator):
+            continue
+        if not re.fullmatch(rule.code, code, re.S):
+            continue
+        if rule.lines is not None:
+            where = rule.lines(tree) if tree is not None else None
+            if where is None or not where(_line(mutant.description)):
+                continue
+        return f"{rule.kind}: {rule.why}"
+    return ""
+
+
+# Calls taken to have no side effect: builtins that build or test a value,
+# torch's functions (each returns a new tensor or a value), and the methods
+# that read a tensor or a mode (``is_*``) without writing anything.
+_PURE_BUILTINS = frozenset(
+    {"isinstance", "len", "list", "tuple", "range", "sum", "min", "max", "bool", "int", "float"}
+)
+_PURE_METHODS = frozenset(
+    {"tolist", "clone", "size", "dim", "item", "view", "reshape", "contiguous", "flatten", "cpu"}
+)
+
+
+def _path(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of attributes (or subscripts) on a name."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, (ast.Attribute, ast.Subscript)):
+        base = _path(node.value)
+        if base is None:
+            return None
+        return f"{base}.{node.attr}" if isinstance(node, ast.Attribute) else base
+    return None
+
+
+def _pure_call(node: ast.Call) -> bool:
+    func = node.func
+    if isinstance(func, ast.Name):
+        return func.id in _PURE_BUILTINS
+    if isinstance(func, ast.Attribute):
+        if _path(func) is not None and _path(func).startswith("torch."):
+            return True
+        return func.attr in _PURE_METHODS or func.attr.startswith("is_")
+    return False
+
+
+def _pure(node: ast.AST) -> bool:
+    """No call with a side effect, no assignment expression, no await/yield."""
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom, ast.Lambda)):
+            return False
+        if isinstance(sub, ast.Call) and not _pure_call(sub):
+            return False
+    return True
+
+
+def _reads(node: ast.AST) -> set[str]:
+    found = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(
+            getattr(sub, "ctx", None), ast.Load
+        ):
+            path = _path(sub)
+            if path is not None:
+                found.add(path)
+    return found
+
+
+def _binds(stmt: ast.stmt) -> set[str] | None:
+    """What ``stmt`` binds (None: it does something else)."""
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        found = set()
+        for target in targets:
+            names = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
+            for name in names:
+                if isinstance(name, ast.Subscript) and not _pure(name.slice):
+                    return None
+                path = _path(name)
+                if path is None:
+                    return None
+                found.add(path)
+        return found
+    if isinstance(stmt, ast.If):
+        inner = [_binds(s) for s in [*stmt.body, *stmt.orelse]]
+        return None if None in inner else set().union(*inner)
+    if isinstance(stmt, (ast.Assert, ast.Pass, ast.Expr)):
+        return set()
+    return None
+
+
+def _clash(reads: set[str], binds: set[str]) -> bool:
+    return any(
+        r == b or r.startswith(b + ".") or b.startswith(r + ".") for r in reads for b in binds
+    )
+
+
+def idempotent(block: list[ast.stmt]) -> bool:
+    """Whether running ``block`` twice in a row leaves what running it once
+    leaves: each statement binds names or attributes (or asserts, or tests
+    and does the same), its values and tests are :func:`_pure`, and no
+    statement reads what it or a later statement of the block binds."""
+    for k, stmt in enumerate(block):
+        later = [_binds(s) for s in block[k:]]
+        if None in later:
+            return False
+        if isinstance(stmt, ast.If):
+            if not _pure(stmt.test) or not idempotent(stmt.body) or not idempotent(stmt.orelse):
+                return False
+            reads = _reads(stmt.test)
+        else:
+            value = getattr(stmt, "value", None) or getattr(stmt, "test", None)
+            if isinstance(stmt, ast.Assert) and stmt.msg is not None and not _pure(stmt.msg):
+                return False
+            if value is not None and not _pure(value):
+                return False
+            reads = _reads(value) if value is not None else set()
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                for target in targets:
+                    for sub in ast.walk(target):
+                        if isinstance(sub, ast.Subscript):
+                            reads |= _reads(sub.slice)
+        if _clash(reads, set().union(*later)):
+            return False
+    return True
