@@ -968,7 +968,6 @@ def _stand_ins() -> None:
 
 def targets() -> list[Target]:
     """The patched functions of the running release that the suite mutates."""
-    from flatgather.sglang import shapes
     from flatgather.sglang.patches import (
         draft_prefill,
         input_logprobs,
