@@ -38,7 +38,7 @@ COPY_HELPERS = shapes.KNOWN[shapes.COPY_HELPER]
 """The per-tensor host copies flatgather knows (``_async_d2h`` of
 ``managers/utils`` from 0.5.15, ``utils.common.async_d2h`` imported under
 that name from 0.5.21), by fingerprint, and the releases that have each: one
-table with the other fingerprints, regenerated with them (``shapes.py``).
+table with the other fingerprints, regenerated with them (``known_shapes.py``).
 Each takes one tensor and returns its host copy (on a GPU: a fresh pinned
 tensor, one non-blocking copy, ``record_stream`` on the source), so one call
 on the flat tensor is the rows' calls at once."""
