@@ -34,7 +34,8 @@ from flatgather.bench import spec_chain as sc
 from flatgather.bench.counts import aten_ops, host_syncs
 from flatgather.sglang import installer
 from flatgather.sglang.patches import output_logprobs
-from flatgather.sglang.patches.output_logprobs import difference, flat_logprobs
+from flatgather.sglang.patches.output_logprobs import difference
+from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
 from flatgather.sglang.patches.prefill_result.harness import INERT
 from hypothesis import given, settings
 from hypothesis import strategies as st
