@@ -112,3 +112,13 @@ def release_outputs(run, extend, start, capture, hidden, before_norm, aux) -> di
     stored_md = metadata(extend, start, "LAST")
     outputs["hidden_states"] = hidden_to_store(hidden, before_norm, aux, pruned, stored_md)
     return outputs
+
+
+def pruning_gate():
+    """Lazy aux pruning's gate of the installation in place (None where lazy
+    aux pruning is off)."""
+    from flatgather.sglang import installer
+    from flatgather.sglang.patches.pruned_states import Pruning
+
+    (pruning,) = [s for s in installer.in_service() if isinstance(s, Pruning)]
+    return pruning.gate

@@ -10,7 +10,7 @@ from typing import ClassVar
 import flatgather.sglang
 import pytest
 import torch
-from _forward import make_processor
+from _forward import make_processor, pruning_gate
 from _sglang import (
     PACKED_AUX,
     PRUNES_AUX,
@@ -193,10 +193,8 @@ def test_only_a_forward_that_can_be_lazy_takes_the_gate(monkeypatch, sglang_padd
     the uninstall gate and the lazy scope. One request with aux layers (its
     sampled row is gathered lazily) and two requests go through the gate.
     Each is the release's answer."""
-    from flatgather.sglang import installer
-
     flatgather.sglang.install()
-    gate = installer._state.about("pruned-states").gate
+    gate = pruning_gate()
     entered = []
     monkeypatch.setattr(gate, "enter", lambda: entered.append(1) or False)
     cases = {

@@ -15,10 +15,9 @@ import time
 
 import flatgather.sglang as fs
 import pytest
-from _forward import make_processor, release_outputs
+from _forward import make_processor, pruning_gate, release_outputs
 from _sglang import LogitsProcessor, assert_same, oracle_context
 from flatgather.bench.batches import forward_metadata, output_fields
-from flatgather.sglang import installer
 from flatgather.sglang import patches as rooms
 from flatgather.sglang.patching import Patch, Prepared
 from test_forward import HIDDEN, VOCAB, make_tensors
@@ -171,15 +170,13 @@ def test_uninstall_with_a_timeout_leaves_the_installation_whole(forwards):
 
 def test_a_timed_out_uninstall_leaves_the_gate_shut_for_another_that_waits(forwards):
     fs.install()
-    state = installer._state
+    gate = pruning_gate()
     pause = PauseAfterPruning(vars(LogitsProcessor)["_get_pruned_states"].__code__)
     forward_thread, result = run_paused(forwards, pause)
     waiting, uninstalled = uninstall_waiting(timeout=30)
     with pytest.raises(TimeoutError):
         fs.uninstall(timeout=0.05)
-    assert not state.about(
-        "pruned-states"
-    ).gate._open  # the first uninstall() still waits behind it
+    assert not gate._open  # the first uninstall() still waits behind it
     pause.resume.set()
     forward_thread.join(30)
     waiting.join(30)
@@ -205,7 +202,7 @@ def uninstall_waiting(timeout=None) -> tuple[threading.Thread, dict]:
     """``uninstall(timeout)`` on a thread of its own, returned once it has
     shut the gate and waits for the forwards in flight, with the dict its
     answer (or exception) lands in under ``"result"``."""
-    gate = installer._state.about("pruned-states").gate
+    gate = pruning_gate()
     uninstalled = {}
     thread = threading.Thread(
         target=lambda: uninstalled.update(result=_try(lambda: fs.uninstall(timeout=timeout))),

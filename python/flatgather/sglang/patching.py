@@ -292,7 +292,8 @@ class Patch(Generic[Proof, Detail]):
 
     def memo(self) -> dict:
         """What this patch remembers from one module to the next: each
-        installation's copy (:meth:`configure`) starts with an empty one."""
+        installation's copy (:meth:`configure`) starts with an empty one; a
+        patch no installation configured keeps it one :meth:`prepare` long."""
         return vars(self).setdefault("_memo", {})
 
     # --- the steps -----------------------------------------------------------------------------
@@ -332,7 +333,9 @@ class Patch(Generic[Proof, Detail]):
     def prepare(self, module: ModuleType) -> Prepared:
         """The steps for ``module``; never raises. Whatever cannot be done is
         a note, and that code stays as shipped (``KeyboardInterrupt`` and
-        other ``BaseException``\\ s go through)."""
+        other ``BaseException``\\ s go through). A patch that no
+        installation configured remembers nothing past the call."""
+        configured = "_memo" in vars(self)
         try:
             return self._prepare(module)
         except Refused as exc:
@@ -342,6 +345,9 @@ class Patch(Generic[Proof, Detail]):
             return Prepared.refused(
                 f"{module.__name__}: {what} left stock: {type(exc).__name__}: {exc}"
             )
+        finally:
+            if not configured:
+                vars(self).pop("_memo", None)
 
     def _prepare(self, module: ModuleType) -> Prepared:
         swaps: list[Swap] = []
