@@ -246,6 +246,13 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "process_batch_result_decode",
         OUTSIDE,
+        "the number of accepted tokens feeds the KV and acceptance bookkeeping, which the "
+        "decode harness leaves inert (it observes each request's tokens and logprobs)",
+        code=r"`new_accepted_len = .*",
+    ),
+    Rule(
+        "process_batch_result_decode",
+        OUTSIDE,
         "the edit lies in the spec-v1 path (a speculative batch that is not spec v2), which the "
         "decode harness (plain decode and spec v2, as the chain runs them) never drives",
         lines=_branches("batch.spec_algorithm.is_none() or batch.is_spec_v2", "batch.is_spec_v2"),

@@ -602,6 +602,18 @@ def _lengths(rng: random.Random) -> tuple[list[int], list[int]]:
     return extend, start
 
 
+def _aux_kinds(store: bool) -> list[str]:
+    """Aux layers as a forward hands them on: a model without them has None
+    (never an empty list) at the store, and only a release that packs them
+    (``pack_aux_hidden_states``) stores a packed tensor."""
+    from sglang.srt.layers import logits_processor as lp
+
+    if not store:
+        return ["list", "list", "list", "packed", "none", "empty"]
+    packs = "pack_aux_hidden_states" in vars(lp)
+    return ["list", "list", "none", "none"] + (["packed"] if packs else [])
+
+
 _OTHER_MODES = ("DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2", "MIXED")
 
 
@@ -655,7 +667,7 @@ class _PrunedBatch:
             select,
             # The store's LAST capture keeps the rows it returns apart only
             # without aux layers and before-norm states: drawn as often.
-            rng.choice(["list", "list", "packed", "none", "none"] + ([] if store else ["empty"])),
+            rng.choice(_aux_kinds(store)),
             rng.random() < (0.5 if store else 0.7),
             rng.randint(0, 2**16),
             padded,
