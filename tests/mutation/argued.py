@@ -185,6 +185,13 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "_get_pruned_states",
         EQUIVALENT,
+        "the assertion holds on every batch whose logprob start lies within its request "
+        "(a start past the request is no batch a scheduler makes)",
+        code=r"`assert extend_len > start_len`",
+    ),
+    Rule(
+        "_get_pruned_states",
+        EQUIVALENT,
         "a tensor made of a tensor holds the same values, dtype and device",
         operator="statement duplicated",
         code=r"`(\w+) = torch\.tensor\(\1, .*",
