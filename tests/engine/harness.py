@@ -13,7 +13,8 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import models
@@ -27,13 +28,80 @@ SERVE_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
+class Report:
+    """One patch in one module, as the engine's installer recorded it."""
+
+    patch: str
+    module: str
+    state: str
+    notes: tuple[str, ...]
+    """What was left out, and why."""
+    vouched: tuple[str, ...]
+    """What the vouching of code replaced whole rests on."""
+    pid: int
+
+
+@dataclass(frozen=True)
 class Served:
     answers: list
     trace: list[str]
-    """The trace's markers, in the order of their first call."""
+    """The markers of the replacements that answered in the scheduler's
+    event loop, in the order of their first answer."""
     flatgather_lines: list[str]
     """The log lines flatgather wrote (``[flatgather] ...``)."""
     log: str
+    applied: dict[int, list[str]] = field(default_factory=dict)
+    """Per process, the marker of each replacement put in place."""
+    reports: list[Report] = field(default_factory=list)
+    handed: list[str] = field(default_factory=list)
+    """The markers of the replacements that, at least once, handed a call
+    to the release's code."""
+    untracked: list[str] = field(default_factory=list)
+    """Replacements the trace could not watch."""
+    events: Counter = field(default_factory=Counter)
+    """How many times each event of the trace happened (both sides)."""
+    answered_pids: set[int] = field(default_factory=set)
+
+    def unanswered(self) -> list[str]:
+        """The replacements put in place in the process whose event loop
+        answered (the scheduler) that never answered there."""
+        applied = [m for pid in self.answered_pids for m in self.applied.get(pid, [])]
+        return [m for m in applied if not any(a == m or a.startswith(f"{m} (") for a in self.trace)]
+
+
+def read_trace(path: Path) -> dict:
+    """The trace's records (see ``site/sitecustomize.py``) as ``Served``'s
+    fields."""
+    fields = {
+        "trace": [],
+        "applied": {},
+        "reports": [],
+        "untracked": [],
+        "handed": [],
+        "events": Counter(),
+        "answered_pids": set(),
+    }
+    lines = path.read_text().splitlines() if path.exists() else []
+    for line in lines:
+        kind, *values, pid = line.split("\t")
+        if kind == "answered":
+            fields["trace"].append(values[0])
+            fields["answered_pids"].add(int(pid))
+        elif kind == "applied":
+            fields["applied"].setdefault(int(pid), []).append(values[0])
+        elif kind == "report":
+            patch, module, state, notes, vouched = values
+            notes, vouched = tuple(json.loads(notes)), tuple(json.loads(vouched))
+            fields["reports"].append(Report(patch, module, state, notes, vouched, int(pid)))
+        elif kind == "handed":
+            fields["handed"].append(values[0])
+        elif kind == "untracked":
+            fields["untracked"].append(values[0])
+        elif kind == "event":
+            fields["events"][values[0]] += 1
+        else:
+            raise AssertionError(f"{path}: a record of no known kind: {line!r}")
+    return fields
 
 
 def make_models(root: Path) -> tuple[Path, Path]:
@@ -121,12 +189,11 @@ def serve(
         tail = "\n".join(log.splitlines()[-40:])
         raise AssertionError(f"the {side} engine failed ({proc.returncode}):\n{tail}")
     result = json.loads(out.read_text())
-    markers = trace.read_text().splitlines() if trace.exists() else []
     return Served(
         answers=result["answers"],
-        trace=[m.split("\t")[0] for m in markers],
         flatgather_lines=[line for line in log.splitlines() if line.startswith("[flatgather]")],
         log=log,
+        **read_trace(trace),
     )
 
 
@@ -144,16 +211,14 @@ def first_difference(stock: list, flat: list) -> str | None:
     return None
 
 
-def input_logprobs(answer: dict) -> list[float | None]:
-    """The values of an answer's input token logprobs."""
-    return [None if v is None else float(v) for v, *_ in answer.get("input_token_logprobs") or []]
-
-
-def same_values(a: list, b: list, tolerance: float) -> bool:
-    """Equal lengths and values within ``tolerance`` (a batch of another
-    composition rounds differently on a CPU; a shifted block is off by far
-    more)."""
-    return len(a) == len(b) and all(
-        (x is None and y is None) or (x is not None and y is not None and abs(x - y) <= tolerance)
-        for x, y in zip(a, b, strict=True)
-    )
+def close(a, b, tolerance: float) -> bool:
+    """The same structure, the same ids and lengths, and values (floats, which
+    the answers carry as their ``repr``) within ``tolerance``: a batch of
+    another composition rounds differently on a CPU; a shifted block is off
+    by far more, or has other ids or another length."""
+    if isinstance(a, str) and isinstance(b, str):
+        x, y = float(a), float(b)
+        return x == y or abs(x - y) <= tolerance
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y, tolerance) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b

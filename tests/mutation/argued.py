@@ -87,8 +87,50 @@ _PREFILL_INERT = (
     r"|update_finish_state|inflight_middle_chunks|to_finish|decoding_reqs|is_retracted"
     r"|finished\(\)|enable_overlap|disaggregation|is_generation|beam_coordinator"
     r"|reasoning|customized_info|_maybe_|init_next_round_input|cache_unfinished_req"
-    r"|session|spec_|check_finished|free_group|release_).*"
+    r"|session|spec_|check_finished|free_group|release_|abort).*"
 )
+
+
+def _statements(pattern: str) -> Callable[[ast.FunctionDef], Callable[[int], bool]]:
+    """The lines of the simple statements (and of the headers of compound
+    ones) whose code matches ``pattern``: an edit of an expression there
+    changes only what that statement does."""
+
+    def lines(tree: ast.FunctionDef) -> Callable[[int], bool]:
+        found = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.stmt) or node is tree:
+                continue
+            if isinstance(node, (ast.If, ast.While)):
+                code, span = ast.unparse(node.test), range(node.lineno, node.body[0].lineno)
+            elif isinstance(node, ast.For):
+                code = f"for {ast.unparse(node.target)} in {ast.unparse(node.iter)}"
+                span = range(node.lineno, node.body[0].lineno)
+            elif isinstance(node, (ast.With, ast.Try, ast.FunctionDef, ast.ClassDef)):
+                continue
+            else:
+                code, span = ast.unparse(node), range(node.lineno, node.end_lineno + 1)
+            if re.fullmatch(pattern, code, re.S):
+                found.update(span)
+        return found.__contains__
+
+    return lines
+
+
+def _branches(*tests: str) -> Callable[[ast.FunctionDef], Callable[[int], bool]]:
+    """The lines of the final ``else`` of an ``if`` whose test is one of
+    ``tests``: a kind of batch the harness does not drive."""
+
+    def lines(tree: ast.FunctionDef) -> Callable[[int], bool]:
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and ast.unparse(node.test) in tests and node.orelse:
+                if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If):
+                    continue
+                found.update(range(node.orelse[0].lineno, node.orelse[-1].end_lineno + 1))
+        return found.__contains__
+
+    return lines
 
 
 def _embedding_branch(tree: ast.FunctionDef) -> Callable[[int], bool] | None:
@@ -143,6 +185,13 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "_get_pruned_states",
         EQUIVALENT,
+        "the assertion holds on every batch whose logprob start lies within its request "
+        "(a start past the request is no batch a scheduler makes)",
+        code=r"`assert extend_len > start_len`",
+    ),
+    Rule(
+        "_get_pruned_states",
+        EQUIVALENT,
         "a tensor made of a tensor holds the same values, dtype and device",
         operator="statement duplicated",
         code=r"`(\w+) = torch\.tensor\(\1, .*",
@@ -193,6 +242,47 @@ RULES: tuple[Rule, ...] = (
         "the edit lies in the embedding model's branch (`else` of `if self.is_generation:`), "
         "which the prefill harness, a generation model's batch, never runs",
         lines=_embedding_branch,
+    ),
+    Rule(
+        "process_batch_result_prefill",
+        OUTSIDE,
+        "the prefill harness hands the method no next-token token-id logprobs, so their "
+        "`.tolist()` has nothing to convert",
+        code=r"`logits_output\.next_token_token_ids_logprobs_val = \[v\.toli.*",
+    ),
+    Rule(
+        "process_batch_result_decode",
+        OUTSIDE,
+        "the number of accepted tokens feeds the KV and acceptance bookkeeping, which the "
+        "decode harness leaves inert (it observes each request's tokens and logprobs)",
+        code=r"`new_accepted_len = .*",
+    ),
+    Rule(
+        "process_batch_result_decode",
+        OUTSIDE,
+        "the edit lies in the spec-v1 path (a speculative batch that is not spec v2), which the "
+        "decode harness (plain decode and spec v2, as the chain runs them) never drives",
+        lines=_branches("batch.spec_algorithm.is_none() or batch.is_spec_v2", "batch.is_spec_v2"),
+    ),
+    Rule(
+        "process_batch_result_prefill",
+        OUTSIDE,
+        "the edit changes only what a statement on an inert collaborator does (see below)",
+        lines=_statements(_PREFILL_INERT),
+    ),
+    Rule(
+        "process_batch_result_decode",
+        OUTSIDE,
+        "the edit changes only what a statement on an inert collaborator does (see below)",
+        lines=_statements(_PREFILL_INERT),
+    ),
+    Rule(
+        "_draft_extend_for_prefill",
+        EQUIVALENT,
+        "the rotation loop run a second time starts where the first ended: every slice it "
+        "writes is empty (a one-element tensor broadcast into none)",
+        operator="statement duplicated",
+        code=r"`for i, extend_len in enumerate\(batch\.extend_seq_lens\):`",
     ),
     Rule(
         "process_batch_result_prefill",

@@ -605,6 +605,18 @@ def _lengths(rng: random.Random) -> tuple[list[int], list[int]]:
     return extend, start
 
 
+def _aux_kinds(store: bool) -> list[str]:
+    """Aux layers as a forward hands them on: a model without them has None
+    (never an empty list) at the store, and only a release that packs them
+    (``pack_aux_hidden_states``) stores a packed tensor."""
+    from sglang.srt.layers import logits_processor as lp
+
+    if not store:
+        return ["list", "list", "list", "packed", "none", "empty"]
+    packs = "pack_aux_hidden_states" in vars(lp)
+    return ["list", "list", "none", "none"] + (["packed"] if packs else [])
+
+
 _OTHER_MODES = ("DECODE", "IDLE", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2", "MIXED")
 
 
@@ -625,6 +637,7 @@ class _PrunedBatch:
     aux: str
     before_norm: bool
     seed: int
+    padded: int | None = None
 
     @classmethod
     def draw(cls, rng: random.Random, store: bool = False) -> _PrunedBatch:
@@ -635,9 +648,13 @@ class _PrunedBatch:
 
         extend, start = _lengths(rng)
         mode, logprob, select = None, True, None
-        kind = rng.random()
+        kind, padded = rng.random(), None
         if kind < 0.15:
             logprob = False
+            fields = getattr(LogitsMetadata, "__dataclass_fields__", {})
+            if "padded_static_len" in fields and rng.random() < 0.5:
+                # Each request's rows padded to one static length (0.5.10's graphs).
+                padded = max(extend) + rng.randint(0, 3)
         elif kind < 0.35:
             mode = rng.choice([m for m in _OTHER_MODES if hasattr(ForwardMode, m)])
             fields = getattr(LogitsMetadata, "__dataclass_fields__", {})
@@ -653,15 +670,17 @@ class _PrunedBatch:
             select,
             # The store's LAST capture keeps the rows it returns apart only
             # without aux layers and before-norm states: drawn as often.
-            rng.choice(["list", "list", "packed", "none", "none"] + ([] if store else ["empty"])),
+            rng.choice(_aux_kinds(store)),
             rng.random() < (0.5 if store else 0.7),
             rng.randint(0, 2**16),
+            padded,
         )
 
     @property
     def where(self) -> str:
         mode = self.mode or ("EXTEND" if self.logprob else "EXTEND without logprobs")
         extra = f" select {self.select}" if self.select is not None else ""
+        extra += f" padded to {self.padded}" if self.padded is not None else ""
         return (
             f"{mode} extend {self.extend} start {self.start} {self.capture}{extra}, "
             f"aux {self.aux}{'' if self.before_norm else ', no before-norm'}"
@@ -671,9 +690,8 @@ class _PrunedBatch:
         from flatgather.bench.batches import make_states
 
         aux = "empty-list" if self.aux == "empty" else self.aux
-        return make_states(
-            self.extend, self.seed, torch.float32, 4, self.before_norm, aux, layers, 0
-        )
+        rows = self.extend if self.padded is None else [self.padded] * len(self.extend)
+        return make_states(rows, self.seed, torch.float32, 4, self.before_norm, aux, layers, 0)
 
     def metadata(self, capture: str | None = None):
         from flatgather.bench.batches import metadata
@@ -683,6 +701,8 @@ class _PrunedBatch:
         extra = {}
         if self.select is not None:
             extra["draft_extend_select_index"] = torch.tensor(self.select, dtype=torch.int64)
+        if self.padded is not None:
+            extra["padded_static_len"] = self.padded
         md = metadata(self.extend, self.start, capture or self.capture, mode, **extra)
         md.extend_return_logprob = self.logprob
         return md

@@ -1,4 +1,4 @@
-"""The engine tests' two additions to every engine process, both sides alike.
+"""The engine tests' additions to every engine process, both sides alike.
 
 1. **The tree mask the Triton backend reads.** Under the CPU engine SGLang's
    ``eagle_utils.default_tree_mask_mode()`` picks the compact QLEN_ONLY tree
@@ -9,7 +9,10 @@
    answer FULL_MASK, as it does on a GPU, the moment ``eagle_utils`` is
    imported (before anything binds the name). That is SGLang's CPU engine,
    not flatgather: both sides get the same fix.
-2. **The trace**: which of flatgather's paths a real engine ran.
+2. **The trace** (``FLATGATHER_ENGINE_TRACE`` names a file): what flatgather
+   installed and which of its replacements answered in the scheduler's event
+   loop, and, on both sides, the retraction race of SGLang #36938 as it
+   happened (see below).
 3. **The profile** (``FLATGATHER_ENGINE_PROFILE`` names a file), for the
    engine bench: the scheduler's step time (``Scheduler.run_batch`` and
    ``process_batch_result``) and the time inside the functions whose loops
@@ -19,55 +22,91 @@
 
 This directory is on the ``PYTHONPATH`` of both sides' engines (for the
 ``sgl_kernel`` stand-in beside it), so Python imports this module at the start
-of every engine process. It does nothing unless ``FLATGATHER_ENGINE_TRACE``
-names a file. Then, as each flatgather module is imported, it wraps the few
-module-level names that only flatgather's own path reaches (the Rust plan of
-each patch, the one-request copy, the lazy aux resolution, the flat output
-chain) and the methods flatgather rebuilds from the release's source; the
-first call of each appends one line, ``<marker> <pid>``, to that file.
-Nothing flatgather compares by identity is wrapped, so what it does is
-unchanged; with flatgather off, nothing is ever wrapped and the file stays
-empty.
+of every engine process.
+
+The trace, one line a record, ``<kind>\t<fields>...\t<pid>``:
+
+* ``report``: each patch in each module as the installer recorded it
+  (patch, module, state, and, as JSON, its notes: what was left out and why,
+  then apart what its vouching rests on);
+* ``applied``: each replacement put in place, by its marker
+  (``<patch>: <where>``);
+* ``answered``: a marker, the first time its replacement, called in the
+  event loop, returned flatgather's own answer rather than the release's:
+  a function replaced whole answered when it returned without calling the
+  release's function it holds (its fallback); a rebuilt method whose loop
+  was replaced, when flatgather's helper took its flat path in that call
+  (the chain's one host copy or one ``.tolist()``, the draft prefill's
+  gather); the #36938 fix, when the method carrying it returned. The pruning
+  is marked per path (one request, or several); its lazy store when it
+  resolved a lazy aux result, its ``forward`` when it entered the lazy gate
+  (neither is wrapped: flatgather compares the store by identity);
+* ``handed``: a marker, the first time its replacement handed a call in the
+  event loop to the release's code (diagnostics: a replacement that never
+  answered was called, or not);
+* ``untracked``: a replacement this module did not know how to watch (the
+  test fails on it);
+* ``event``: one line per occurrence, on both sides: ``retracted in flight``
+  for each request found retracted when the scheduler processes the result of
+  a prefill batch with logprobs that held it (the race of #36938), and
+  ``cursor advanced over a retracted request`` for each time the prefill
+  result method counts the input logprobs of such a request (only the
+  #36938 fix does: the release's skip branch moves on before it counts).
+
+With flatgather off nothing of flatgather is imported, so only events are
+written. Replacements are wrapped as they are applied (the wrapper is what the
+swap puts in place, so uninstall still finds its own object), and the
+release's function a replacement falls back to is swapped, in the
+replacement's closure, for one that notes the call; the count of input
+logprobs is wrapped at the first step, after flatgather checked its methods.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
+import threading
 
 TRACE = os.environ.get("FLATGATHER_ENGINE_TRACE")
 
-# module -> (attribute path, marker)
-MARKERS = {
-    "flatgather.sglang.patches.pruned_states.runtime": (
-        ("PrunePlan", "prune: flat plan (B >= 2)"),
-        ("copy_rows", "prune: one-request copy"),
-        ("LazyAuxPruned.resolve", "prune: lazy aux resolved at the store"),
-    ),
-    "flatgather.sglang.patches.input_logprobs.runtime": (
-        ("TokenIdsPlan", "input logprobs: token-id plan"),
-    ),
-    "flatgather.sglang.patches.draft_prefill.runtime": (
-        ("RotationPlan", "draft prefill: flat rotation"),
-    ),
-    "flatgather.sglang.patches.output_logprobs.runtime": (
-        ("SpecLogprobsPlan.top_k", "output logprobs: top-k plan"),
-        ("SpecLogprobsPlan.token_ids", "output logprobs: token-id plan"),
-        ("rows_to_host", "output chain: rebuilt host-copy loop"),
-        ("rows_tolist", "output chain: rebuilt tolist loop"),
-        ("_views", "output chain: one host copy"),
-        ("_Flat.tolist", "output chain: one tolist"),
-    ),
-}
-REBUILT = {
-    "process_batch_result_prefill": "prefill results: rebuilt method",
-    "_draft_extend_for_prefill": "draft prefill: rebuilt method",
-}
-"""Methods flatgather rebuilds from the release's source, marked when its
-patch is applied (wrapped then, so its revert still finds its own object)."""
+PATCHING = "flatgather.sglang.patching"
+INSTALLER = "flatgather.sglang.installer"
+LAZY_AUX = "flatgather.sglang.patches.pruned_states.runtime"
+FLAT_LOGPROBS = "flatgather.sglang.patches.output_logprobs.runtime"
+DRAFT_PREFILL = "flatgather.sglang.patches.draft_prefill"
 
-_seen: set[str] = set()
+# The patches, by the install report's names, and how each replacement's
+# answer is told apart from the release's.
+PRUNED = "pruned-states"
+WHOLE = {"input-token-ids-logprobs", "output-logprobs"}
+"""Functions replaced whole, which hand a call they do not take to the
+release's function: flatgather answered when that was not called."""
+FLAT_PATH = {"output-logprobs-chain", "draft-prefill-rotation"}
+"""Rebuilt methods whose loop goes through flatgather's helper: answered when
+the helper took its flat path in the call."""
+REBUILT = {"prefill-skip-logprob-pt"}
+"""A rebuilt method with no path of the release's: answered when it returned."""
+
+RETRACTED = "retracted in flight"
+ADVANCED = "cursor advanced over a retracted request"
+PREFILL_RESULT = "process_batch_result_prefill"
+COUNTS = {
+    # module -> the name of the release's count of a request's input logprobs
+    "sglang.srt.managers.scheduler_output_processor_mixin": "_calculate_num_input_logprobs",
+    "sglang.srt.managers.scheduler_components.logprob_result_processor": (
+        "calculate_num_input_logprobs"
+    ),
+}
+
+
+def _write(*fields) -> None:
+    with open(TRACE, "a") as f:
+        f.write("\t".join([*map(str, fields), str(os.getpid())]) + "\n")
+
+
+_seen: set[tuple[str, str]] = set()
 
 
 def _serving() -> bool:
@@ -81,61 +120,292 @@ def _serving() -> bool:
     return False
 
 
-def mark(marker: str) -> None:
-    if marker in _seen or not _serving():
+HANDED = "handed"
+"""The record of a replacement's first call, in the event loop, that the
+release's code answered: why a marker is missing, where one is."""
+
+
+def mark(marker: str | None, kind: str = "answered") -> None:
+    if marker is None or (kind, marker) in _seen or not _serving():
         return
-    _seen.add(marker)
-    with open(TRACE, "a") as f:
-        f.write(f"{marker}\t{os.getpid()}\n")
+    _seen.add((kind, marker))
+    _write(kind, marker)
 
 
-def _counting(fn, marker):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        mark(marker)
-        return fn(*args, **kwargs)
-
-    return wrapper
+# Each call of a watched replacement pushes a frame: [the release's function
+# was called, flatgather's helper took its flat path]. What runs inside it
+# sets the innermost frame's flags.
+_local = threading.local()
+RELEASED, FLAT = 0, 1
 
 
-class _Plan:
-    """Stands for a Rust plan class whose constructors are static methods."""
-
-    def __init__(self, cls, names: dict[str, str]) -> None:
-        self._cls = cls
-        for name, marker in names.items():
-            setattr(self, name, _counting(getattr(cls, name), marker))
-
-    def __getattr__(self, name):
-        return getattr(self._cls, name)
+def _frames() -> list:
+    frames = getattr(_local, "frames", None)
+    if frames is None:
+        frames = _local.frames = []
+    return frames
 
 
-def _wrap(module, markers) -> None:
-    statics: dict[str, dict[str, str]] = {}
-    for path, marker in markers:
-        owner_name, _, attr = path.rpartition(".")
-        if not owner_name:
-            setattr(module, path, _counting(getattr(module, path), marker))
+def _flag(which: int) -> None:
+    frames = _frames()
+    if frames:
+        frames[-1][which] = True
+
+
+def _answering(new, marker, answered, carried=()):
+    """``new``, marking ``marker`` (or ``marker(args, kwargs)``) and the
+    ``carried`` markers whenever ``answered(frame)`` holds after a call that
+    returned."""
+
+    @functools.wraps(new)
+    def replaced(*args, **kwargs):
+        frames = _frames()
+        frame = [False, False]
+        frames.append(frame)
+        try:
+            result = new(*args, **kwargs)
+        finally:
+            frames.pop()
+        if answered(frame):
+            mark(marker(args, kwargs) if callable(marker) else marker)
+            for other in carried:
+                mark(other)
+        elif isinstance(marker, str):
+            mark(marker, HANDED)
+        return result
+
+    replaced._engine_markers = (marker, *carried) if isinstance(marker, str) else carried
+    return replaced
+
+
+_tracked: set[int] = set()
+
+
+def _track_release(new, release) -> bool:
+    """Put, in ``new``'s closure, a stand-in for ``release`` that flags the
+    call; False when ``new`` does not hold ``release``."""
+    if id(new) in _tracked:
+        return True  # one replacement in several modules' globals
+    cells = []
+    for cell in getattr(new, "__closure__", None) or ():
+        try:
+            if cell.cell_contents is release:
+                cells.append(cell)
+        except ValueError:  # an empty cell
             continue
-        owner = getattr(module, owner_name)
-        if isinstance(owner, type) and owner.__module__ == module.__name__:
-            setattr(owner, attr, _counting(vars(owner)[attr], marker))
-        else:
-            statics.setdefault(owner_name, {})[attr] = marker
-    for owner_name, names in statics.items():
-        setattr(module, owner_name, _Plan(getattr(module, owner_name), names))
+    if not cells:
+        return False
+
+    @functools.wraps(release)
+    def released(*args, **kwargs):
+        _flag(RELEASED)
+        return release(*args, **kwargs)
+
+    for cell in cells:
+        cell.cell_contents = released
+    _tracked.add(id(new))
+    return True
+
+
+_signals: dict[str, str] = {}
+"""Markers set off by flatgather's own code rather than a wrapper: the lazy
+store's and the lazy forward's."""
+
+
+def _pruning(marker):
+    def which(args, kwargs):
+        metadata = args[4] if len(args) > 4 else kwargs.get("logits_metadata")
+        lens = getattr(metadata, "extend_seq_lens_cpu", None)
+        one = isinstance(lens, list) and len(lens) == 1
+        return f"{marker} ({'one request' if one else 'B >= 2'})"
+
+    return which
+
+
+def _trace_swap(swap, patch: str) -> None:
+    """Wrap ``swap.new`` so that it marks when it answers (see the module's
+    docstring), and write the marker it stands for."""
+    marker = f"{patch}: {swap.where}"
+    prior = vars(swap.target).get(swap.name)
+    new = swap.new
+    if patch == PRUNED and swap.name in ("_get_hidden_states_to_store", "forward"):
+        _signals[swap.name] = marker
+        _write("applied", marker)
+        return
+    if patch == PRUNED or patch in WHOLE:
+        if not _track_release(new, prior):
+            _write("untracked", f"{marker}: the release's function is not in its closure")
+            return
+        label = _pruning(marker) if patch == PRUNED else marker
+        swap.new = _answering(new, label, lambda frame: not frame[RELEASED])
+    elif patch in FLAT_PATH:
+        # A rebuild over a method flatgather rebuilt before (the chain over
+        # the #36938 fix up to 0.5.12) carries that fix when it was built
+        # from the fix's build.
+        build = getattr(new, "__flatgather_build__", None)
+        before = getattr(prior, "__flatgather_build__", None)
+        carried = ()
+        if build is not None and before is not None and build.method is before.method:
+            carried = getattr(prior, "_engine_markers", ())
+        swap.new = _answering(new, marker, lambda frame: frame[FLAT], carried)
+    elif patch in REBUILT:
+        swap.new = _answering(new, marker, lambda frame: True)
+    else:
+        _write("untracked", f"{marker}: a patch this trace does not know")
+        return
+    _write("applied", marker)
+
+
+_vouched: set[str] = set()
+"""The notes of a patch's vouching: what the proof of code replaced whole
+rests on (it is code the test matrix runs; how the probe ran), not what was
+left out."""
+
+
+def _vouching(vouch):
+    @functools.wraps(vouch)
+    def traced_vouch(self, *args, **kwargs):
+        notes = vouch(self, *args, **kwargs)
+        _vouched.update(notes)
+        return notes
+
+    return traced_vouch
 
 
 def _wrap_patching(module) -> None:
+    prepare = module.Patch.prepare
     apply = module.Swap.apply
 
+    def traced_prepare(self, target_module):
+        owner = type(self)
+        if "_engine_vouch" not in vars(owner):
+            owner._engine_vouch = True
+            owner.vouch = _vouching(owner.vouch)
+        result = prepare(self, target_module)
+        for swap in result.swaps:
+            swap._engine_patch = self.name
+        return result
+
     def traced_apply(self):
-        marker = REBUILT.get(self.name)
-        if marker is not None and callable(self.new):
-            self.new = _counting(self.new, marker)
+        patch = getattr(self, "_engine_patch", None)
+        if patch is not None and not getattr(self, "_engine_traced", False):
+            self._engine_traced = True
+            _trace_swap(self, patch)
         return apply(self)
 
+    module.Patch.prepare = traced_prepare
     module.Swap.apply = traced_apply
+
+
+def _wrap_installer(module) -> None:
+    record = module._Installed.record
+
+    def traced_record(self, patch, name, result):
+        record(self, patch, name, result)
+        outcome = self.outcomes[-1]
+        notes = [n for n in outcome.notes if n not in _vouched]
+        vouched = [n for n in outcome.notes if n in _vouched]
+        _write(
+            "report",
+            outcome.patch,
+            outcome.module,
+            outcome.state,
+            json.dumps(notes),
+            json.dumps(vouched),
+        )
+
+    module._Installed.record = traced_record
+
+
+def _wrap_lazy_aux(module) -> None:
+    resolve = module.LazyAuxPruned.resolve
+    enter = module.LazyGate.enter
+
+    @functools.wraps(resolve)
+    def traced_resolve(self, *args, **kwargs):
+        result = resolve(self, *args, **kwargs)
+        mark(_signals.get("_get_hidden_states_to_store"))
+        return result
+
+    @functools.wraps(enter)
+    def traced_enter(self):
+        entered = enter(self)
+        if entered:
+            mark(_signals.get("forward"))
+        return entered
+
+    module.LazyAuxPruned.resolve = traced_resolve
+    module.LazyGate.enter = traced_enter
+
+
+def _wrap_flat_logprobs(module) -> None:
+    take = module._take
+
+    @functools.wraps(take)
+    def traced_take(rows):
+        entry = take(rows)
+        if entry is not None:
+            _flag(FLAT)
+        return entry
+
+    module._take = traced_take
+
+
+def _wrap_draft_prefill(module) -> None:
+    # The patch builds its method with the package's ``rotate`` as a free
+    # variable: the one wrapped here.
+    rotate = module.rotate
+
+    @functools.wraps(rotate)
+    def traced_rotate(*args, **kwargs):
+        end = rotate(*args, **kwargs)
+        if end is not None:
+            _flag(FLAT)
+        return end
+
+    module.rotate = traced_rotate
+
+
+def _wrap_counts() -> None:
+    """The release's count of a request's input logprobs, noting each count
+    of a retracted request in the prefill result method."""
+    for module_name, attr in COUNTS.items():
+        module = sys.modules.get(module_name)
+        for owner in list(vars(module).values()) if module else ():
+            if not isinstance(owner, type) or owner.__module__ != module_name:
+                continue
+            count = vars(owner).get(attr)
+            if not callable(count) or isinstance(count, staticmethod | classmethod):
+                continue
+
+            def counted(self, req, *args, __count=count, **kwargs):
+                if (
+                    getattr(req, "is_retracted", False) is True
+                    and sys._getframe(1).f_code.co_name == PREFILL_RESULT
+                ):
+                    _write("event", ADVANCED)
+                return __count(self, req, *args, **kwargs)
+
+            setattr(owner, attr, functools.wraps(count)(counted))
+
+
+def _trace_scheduler(module) -> None:
+    cls = module.Scheduler
+    inner = vars(cls)["process_batch_result"]
+    counts: list[bool] = []
+
+    @functools.wraps(inner)
+    def process_batch_result(self, batch, *args, **kwargs):
+        if not counts:
+            counts.append(True)
+            _wrap_counts()
+        if batch.forward_mode.is_extend() and batch.return_logprob:
+            for req in batch.reqs:
+                if req.is_retracted:
+                    _write("event", RETRACTED)
+        return inner(self, batch, *args, **kwargs)
+
+    cls.process_batch_result = process_batch_result
 
 
 PROFILE = os.environ.get("FLATGATHER_ENGINE_PROFILE")
@@ -271,6 +541,13 @@ def _full_tree_mask(module) -> None:
 
 
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+TRACED = {
+    PATCHING: _wrap_patching,
+    INSTALLER: _wrap_installer,
+    LAZY_AUX: _wrap_lazy_aux,
+    FLAT_LOGPROBS: _wrap_flat_logprobs,
+    DRAFT_PREFILL: _wrap_draft_prefill,
+}
 
 
 def _on_import(fullname: str, module) -> None:
@@ -278,11 +555,12 @@ def _on_import(fullname: str, module) -> None:
         if hasattr(module, "default_tree_mask_mode"):
             _full_tree_mask(module)
     elif fullname == SCHEDULER:
-        _profile_scheduler(module)
-    elif fullname in MARKERS:
-        _wrap(module, MARKERS[fullname])
-    else:
-        _wrap_patching(module)
+        if TRACE:
+            _trace_scheduler(module)
+        if PROFILE:
+            _profile_scheduler(module)
+    elif fullname in TRACED:
+        TRACED[fullname](module)
 
 
 class _Finder:
@@ -315,8 +593,8 @@ class _Finder:
 
 
 _names = {EAGLE_UTILS}
-if PROFILE:
+if PROFILE or TRACE:
     _names.add(SCHEDULER)
 if TRACE:
-    _names |= {*MARKERS, "flatgather.sglang.patching"}
+    _names |= set(TRACED)
 sys.meta_path.insert(0, _Finder(_names))
