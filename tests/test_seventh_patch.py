@@ -101,3 +101,37 @@ def test_a_replacement_that_differs_is_left_stock(seventh_added, monkeypatch):
     report = fs.install()
     mine = _state(report)
     assert mine.state == "left stock" and "values [1, 2, 3, 4, 5, 6]" in mine.notes[0]
+
+
+def test_its_mutants_are_judged_as_the_others_are(seventh_added, tmp_path, monkeypatch):
+    """The mutation suite takes the functions a patch replaces whole from
+    its declarations: the seventh's are mutated and judged like the token-id
+    and top-k functions. With the known-code gate, every edit is refused by
+    construction; without it, the side-by-side check refuses those its
+    cases tell apart."""
+    from mutation import targets
+    from mutation.mutants import mutants
+    from mutation.suite import judge
+
+    (target,) = [t for t in targets.targets() if t.name == "request_totals"]
+    assert target.whole_function and target.gated and target.module == SUBJECT
+    _, tree, node = targets.release_tree(target)
+    found = mutants(node)
+    assert len(found) >= 10
+
+    def judged():
+        return [judge(target, m, tree, node, tmp_path, 5, 0) for m in found]
+
+    gated = judged()
+    assert all(r.verdict == "refused" for r in gated), [(r.description, r.detail) for r in gated]
+    # Refused by its check where the cases tell the edit apart, else by the gate.
+    by_gate = [r for r in gated if "not code flatgather has seen" in r.detail]
+    assert by_gate and all(r in by_gate or "values" in r.detail for r in gated)
+
+    _known(monkeypatch)
+    monkeypatch.setattr(targets, "SHAPE_GATE", False)
+    checked = judged()
+    refused = [r for r in checked if r.verdict == "refused"]
+    assert refused and all("values" in r.detail for r in refused)
+    # What the gate alone refused before, the check lets through now.
+    assert len(refused) == len(gated) - len(by_gate)

@@ -988,45 +988,44 @@ def _stand_ins() -> None:
 
 def targets() -> list[Target]:
     """The patched functions of the running release that the suite mutates."""
-    from flatgather.sglang.patches import (
-        draft_prefill,
-        input_logprobs,
-        output_logprobs,
-        prefill_result,
-    )
-    from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
+    from flatgather.sglang import patches as rooms
+    from flatgather.sglang.patches import draft_prefill, prefill_result
 
     _stand_ins()
     replaced_whole = []
-    for name, fn in fingerprints.release_functions().items():
-        if name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
-            prepare = output_logprobs.PRODUCER.prepare
-        else:
-            assert name in (input_logprobs.CHUNK, input_logprobs.PREFILL), name
-            prepare = input_logprobs.PATCH.prepare
-        replaced_whole.append(
-            Target(
-                name,
-                fn.__module__,
-                None,
-                name,
-                _replaced_whole_trial(prepare),
-                whole_function=True,
-                gated=True,
+    # Every function a patch replaces whole, as the patch declares it (the
+    # code it vouches for by fingerprint), with that patch's own prepare().
+    for patch in rooms.patches():
+        for known in patch.known:
+            if known.owner is not None or known.imported:
+                continue
+            located = fingerprints.release_function(known)
+            if located is None:
+                continue
+            fn = located[1]
+            replaced_whole.append(
+                Target(
+                    known.key,
+                    fn.__module__,
+                    None,
+                    known.name,
+                    _replaced_whole_trial(patch.prepare),
+                    whole_function=True,
+                    gated=True,
+                )
             )
-        )
-        replaced_whole += [
-            Target(
-                f"{callee} (called by {name})",
-                fn.__module__,
-                None,
-                callee,
-                _callee_trial(name, prepare),
-                whole_function=True,
-                gated=True,
-            )
-            for callee in _callees(fn)
-        ]
+            replaced_whole += [
+                Target(
+                    f"{callee} (called by {known.name})",
+                    fn.__module__,
+                    None,
+                    callee,
+                    _callee_trial(known.name, patch.prepare),
+                    whole_function=True,
+                    gated=True,
+                )
+                for callee in _callees(fn)
+            ]
     prefill_module = prefill_result.release_module().__name__
     owner = prefill_result.owner_of(importlib.import_module(prefill_module))
     return [
