@@ -160,3 +160,27 @@ def when_imported(name: str, callback: Callback) -> None:
 def cancel(name: str, callback: Callback) -> None:
     """Forget a callback registered with :func:`when_imported`."""
     _finder.remove(name, callback)
+
+
+def absent(name: str) -> bool:
+    """Whether there is no module ``name`` to import, told from the packages
+    already imported without importing anything."""
+    import importlib.machinery
+
+    if name in sys.modules:
+        return False
+    parts = name.split(".")
+    for depth in range(len(parts) - 1, 0, -1):
+        package = sys.modules.get(".".join(parts[:depth]))
+        if package is None:
+            continue
+        path = getattr(package, "__path__", None)
+        for k in range(depth, len(parts)):
+            if path is None:
+                return True  # a module where a package would have to be
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: k + 1]), path)
+            if spec is None:
+                return True
+            path = spec.submodule_search_locations
+        return False
+    return False

@@ -46,7 +46,12 @@ __all__ = [
 ]
 
 
-_HOMES = {"Contract": "flatgather.sglang.patches.pruned_states"}
+_HOMES = {
+    "Contract": "flatgather.sglang.patches.pruned_states",
+    "InstallReport": "flatgather.sglang.report",
+    "PatchReport": "flatgather.sglang.report",
+    "UnsupportedRelease": "flatgather.sglang.report",
+}
 """Where a name of :data:`__all__` lives, if not in the installer."""
 
 

@@ -22,10 +22,9 @@ import functools
 import importlib
 import importlib.machinery
 import logging
-import sys
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import MappingProxyType, ModuleType
 from typing import Any
@@ -35,67 +34,12 @@ from flatgather.sglang import patches as rooms
 from flatgather.sglang import releases
 from flatgather.sglang.patching import Option, Patch, Prepared, Service, Swap, apply_all, revert_all
 from flatgather.sglang.releases import sglang_release
+from flatgather.sglang.report import InstallReport, PatchReport, UnsupportedRelease
 
 log = logging.getLogger("flatgather")
 
 SUPPORTED_RELEASES: tuple[str, ...] = tuple(r.version for r in releases.RELEASES)
 """The releases of the test matrix (:data:`flatgather.sglang.releases.RELEASES`)."""
-
-
-class UnsupportedRelease(RuntimeError):
-    """The running SGLang's ``_get_pruned_states`` is not one flatgather can
-    reproduce exactly; nothing was patched. The message names the first
-    difference the probe found."""
-
-
-@dataclass(frozen=True)
-class PatchReport:
-    """One patch in one module, reported the same way for every patch."""
-
-    patch: str
-    module: str
-    state: str
-    """``"applied"``; ``"as shipped"`` (the release needs nothing here);
-    ``"left stock"`` (see :attr:`notes`); ``"pending"`` (prepared when the
-    module is imported)."""
-    applied: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class InstallReport:
-    """What :func:`install` did. Besides the fields below, what the patches in
-    service report (:attr:`details`) reads as attributes too:
-    ``report.contract`` (what the probe found the release's
-    ``_get_pruned_states`` to do), ``report.lazy_aux``, ``report.lazy_full``,
-    ``report.probe_seconds``."""
-
-    release: str | None
-    """The SGLang version found (None when it has no distribution metadata)."""
-    patched: tuple[str, ...]
-    """Attributes replaced so far."""
-    pending: tuple[str, ...] = ()
-    """Modules whose patches apply once they are imported."""
-    verified_by: str = "probe"
-    """``"probe and test matrix"`` for a release of the table, else ``"probe"``."""
-    backports: tuple[str, ...] = ()
-    """SGLang fixes applied so far: PR #21589's two, issue #36938's."""
-    notes: tuple[str, ...] = ()
-    """What was left stock, and why; how the probe ran."""
-    patches: tuple[PatchReport, ...] = ()
-    """Each patch in each module it was prepared for, or waits for."""
-    details: Mapping[str, Any] = field(default_factory=dict)
-    """What each patch in service reports (:meth:`~flatgather.sglang.patching.Service.report`)."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "details":
-            raise AttributeError(name)
-        try:
-            return self.details[name]
-        except KeyError:
-            raise AttributeError(
-                f"{type(self).__name__!r} object has no attribute {name!r}"
-            ) from None
 
 
 @dataclass
@@ -156,28 +100,6 @@ def install_options() -> dict[str, Option]:
     for patch in rooms.patches():
         found.update(patch.options)
     return found
-
-
-def _absent(name: str) -> bool:
-    """Whether the installed SGLang has no module ``name``, told from the
-    packages already imported without importing anything."""
-    if name in sys.modules:
-        return False
-    parts = name.split(".")
-    for depth in range(len(parts) - 1, 0, -1):
-        package = sys.modules.get(".".join(parts[:depth]))
-        if package is None:
-            continue
-        path = getattr(package, "__path__", None)
-        for k in range(depth, len(parts)):
-            if path is None:
-                return True  # a module where a package would have to be
-            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: k + 1]), path)
-            if spec is None:
-                return True
-            path = spec.submodule_search_locations
-        return False
-    return False
 
 
 def _on_import(state: _Installed, patch: Patch, module) -> None:
@@ -256,7 +178,7 @@ def install(force: bool = False, **options: bool) -> InstallReport:
                             )
                         _apply(state, patch, name, result)
                         said = result.notes
-                    elif not _absent(name) and (name, patch) not in state.pending:
+                    elif not _import_hooks.absent(name) and (name, patch) not in state.pending:
                         # Prepared and applied now if the module is whole, in
                         # this order (a later patch may rebuild what an
                         # earlier one rebuilt: the chain, the #36938 fix's
