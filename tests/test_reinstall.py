@@ -10,7 +10,13 @@ import flatgather.sglang
 import pytest
 from flatgather.sglang.patches.output_logprobs import producers
 from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
-from flatgather.sglang.patches.output_logprobs.names import PRODUCER_MODULES, PRODUCERS
+from flatgather.sglang.patches.output_logprobs.names import (
+    CONSUMER_CLASSES,
+    CONSUMERS,
+    PRODUCER_MODULES,
+    PRODUCERS,
+)
+from flatgather.testing import install_sgl_kernel_stand_in
 
 pytestmark = pytest.mark.matrix
 
@@ -26,6 +32,14 @@ def _logprob_module():
         except ImportError:
             continue
     raise LookupError("neither logprob module of the releases imports")
+
+
+def _imports(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
 
 
 def _top_left_stock(report, module) -> list[str]:
@@ -77,3 +91,31 @@ def test_a_reinstall_judges_the_module_as_it_now_is(monkeypatch):
         assert notes and vars(module)[TOP] is release_own, notes
         assert all(f"left stock: {TOP} on " in note for note in notes), notes
         assert flatgather.sglang.uninstall()
+
+
+def test_one_installation_verifies_each_producer_once(monkeypatch):
+    """The producers' verdicts are the installation's, shared by its
+    patches: the chain's check, which makes its lists with the producers,
+    reuses the verdict the producers' patch reached instead of checking the
+    same function again (and the next installation checks anew)."""
+    built = []
+    build = producers.Producers.build
+
+    def counting(self, target, original):
+        built.append(original)
+        return build(self, target, original)
+
+    monkeypatch.setattr(producers.Producers, "build", counting)
+    # The chain's modules imported first: its check runs in install().
+    importlib.import_module("sglang.srt.layers.logits_processor")
+    install_sgl_kernel_stand_in()
+    chain = [importlib.import_module(name) for name in CONSUMER_CLASSES if _imports(name)]
+    report = flatgather.sglang.install()
+    applied = {p.module for p in report.patches if p.patch == CONSUMERS and p.state == "applied"}
+    assert applied and applied <= {m.__name__ for m in chain}, report.patches
+    first = list(built)
+    assert first and len(first) == len(set(first)), first
+    assert flatgather.sglang.uninstall()
+    built.clear()
+    flatgather.sglang.install()
+    assert sorted(map(id, built)) == sorted(map(id, first))

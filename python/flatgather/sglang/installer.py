@@ -163,7 +163,8 @@ def install(force: bool = False, **options: bool) -> InstallReport:
             return _state.report()
         release = sglang_release()
         state = _Installed(release)
-        chosen = [p for p in (patch.configure(options) for patch in rooms.patches()) if p]
+        memo: dict = {}  # what this installation's patches remember
+        chosen = [p for p in (patch.configure(options, memo) for patch in rooms.patches()) if p]
         said: tuple[str, ...] = ()
         _state = state
         try:

@@ -272,15 +272,16 @@ class Patch(Generic[Proof, Detail]):
     """What a refused target leaves unfixed, where the patch is a fix (said
     in the note)."""
 
-    def configure(self, options: Mapping[str, bool]) -> Patch | None:
+    def configure(self, options: Mapping[str, bool], memo: dict | None = None) -> Patch | None:
         """This patch for one installation, as ``install(**options)`` asks
         for it, or None when an option turns it off. It is a copy of its
-        own: what a patch remembers from one module to the next (verdicts of
-        the release's code) lives as long as that installation, so each
-        installation judges the code it finds and none leaves anything
-        behind."""
+        own, whose :meth:`memo` is the installation's (``memo``, which every
+        patch of that installation shares): what a patch remembers from one
+        module to the next (verdicts of the release's code) lives as long as
+        that installation, so each installation judges the code it finds and
+        none leaves anything behind."""
         configured = copy.copy(self)
-        vars(configured)["_memo"] = {}
+        vars(configured)["_memo"] = {} if memo is None else memo
         for key, option in self.options.items():
             value = options.get(key, True)
             if option.switch:
@@ -291,9 +292,11 @@ class Patch(Generic[Proof, Detail]):
         return configured
 
     def memo(self) -> dict:
-        """What this patch remembers from one module to the next: each
-        installation's copy (:meth:`configure`) starts with an empty one; a
-        patch no installation configured keeps it one :meth:`prepare` long."""
+        """What this patch remembers from one module to the next: its
+        installation's (:meth:`configure`), shared by that installation's
+        patches (the output chain reuses the producers' verdicts), each key
+        a patch's own; a patch no installation configured keeps one
+        :meth:`prepare` long."""
         return vars(self).setdefault("_memo", {})
 
     # --- the steps -----------------------------------------------------------------------------

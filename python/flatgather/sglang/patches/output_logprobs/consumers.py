@@ -92,12 +92,13 @@ _HELPERS = {TO_HOST: flat_logprobs.rows_to_host, TOLIST: flat_logprobs.rows_toli
 _LOGPROB_MODULES = ("sglang.srt.layers.logprob_processor", "sglang.srt.layers.utils.logprob")
 
 
-def _chain_lists(verified: dict) -> list[tuple[list, list]]:
+def _chain_lists(memo: dict) -> list[tuple[list, list]]:
     """``(release's list, flatgather's list)`` of every list of tensors the
     producers hand on in the producer cases, flatgather's registered (made
     anew for each check: the check's ``.tolist()`` takes them out of the
-    registry). ``verified`` remembers each producer's replacement, verified
-    once."""
+    registry), with each producer's replacement as the installation's
+    ``memo`` holds it (verified once an installation, by whichever patch
+    meets it first)."""
     module = None
     for name in _LOGPROB_MODULES:
         try:
@@ -110,9 +111,7 @@ def _chain_lists(verified: dict) -> list[tuple[list, list]]:
     pairs = []
     for name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
         original = release_function(module, name)
-        if (original, name) not in verified:
-            verified[original, name] = producer(original, name) if original else (None, "not found")
-        replacement, problem = verified[original, name]
+        replacement, problem = producer(original, name, memo) if original else (None, "not found")
         if replacement is None:
             raise LookupError(f"{module.__name__}.{name}: {problem}")
         for call in producer_calls(name):
@@ -134,14 +133,14 @@ def _compile_elt(method: source.Method, fn: ast.Lambda) -> Callable:
     return eval(compile(expr, method.filename, "eval"), method.function.__globals__)
 
 
-def _verify_chain(method: source.Method, result: Rewrite, verified: dict) -> str | None:
+def _verify_chain(method: source.Method, result: Rewrite, memo: dict) -> str | None:
     """Each replaced comprehension against the release's, on every list
     both producers make: the same answer, and the next stage's ``.tolist()``
     of it; flatgather's lists stay registered through the copy."""
     for text, (kind, fn) in result.elts.items():
         elt = _compile_elt(method, fn)
         helper = _HELPERS[kind]
-        for n, (release_rows, flat_rows) in enumerate(_chain_lists(verified)):
+        for n, (release_rows, flat_rows) in enumerate(_chain_lists(memo)):
             expected = [elt(v) for v in release_rows]
             for rows, flat in ((release_rows, False), (flat_rows, True)):
                 actual = helper(rows, elt)
@@ -238,7 +237,6 @@ class Chain(Patch[tuple[source.Build, Rewrite], None]):
         problem = unknown_copy(build.method, result, build.closure)
         if problem:
             return problem
-        # The producers' replacements, verified once an installation.
         problem = _verify_chain(build.method, result, self.memo())
         return problem and f"checked against the release's loop, {problem}"
 

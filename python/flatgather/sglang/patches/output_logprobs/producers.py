@@ -259,10 +259,18 @@ class Producers(Patch[types.FunctionType, tuple[Callable, Answered]]):
 PATCH = Producers()
 
 
-def producer(original: Callable, name: str) -> tuple[Callable | None, str | None]:
+def producer(
+    original: Callable, name: str, memo: dict | None = None
+) -> tuple[Callable | None, str | None]:
     """flatgather's replacement of the release's ``original`` (``name``),
-    verified against it now, or None and the first difference."""
+    verified against it, or None and the first difference; with ``memo`` (an
+    installation's, :meth:`~flatgather.sglang.patching.Patch.memo`) the
+    verdict the producers' patch reached in it, or reached now and kept
+    there."""
+    patch = Producers()
+    if memo is not None:
+        vars(patch)["_memo"] = memo
     try:
-        return Producers().pick(Target(None, name), original).swaps[0].new, None
+        return patch.pick(Target(None, name), original).swaps[0].new, None
     except Refused as exc:
         return None, str(exc)
