@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import importlib.machinery
 import logging
 import threading
 import warnings

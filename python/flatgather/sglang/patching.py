@@ -23,6 +23,7 @@ that code as shipped, with a note saying why.
 from __future__ import annotations
 
 import copy
+import types
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,7 @@ __all__ = [
     "Unneeded",
     "apply_all",
     "known_code",
+    "release_function",
     "revert_all",
 ]
 
@@ -203,6 +205,16 @@ class Prepared:
     @classmethod
     def refused(cls, note: str) -> Prepared:
         return cls(notes=(note,), refusal=note)
+
+
+def release_function(owner: Any, name: str) -> types.FunctionType | None:
+    """The release's own plain function ``owner.<name>`` (a module's or a
+    class's attribute), under flatgather's replacement where one is
+    installed; None when it is not a plain function."""
+    fn = vars(owner).get(name)
+    while getattr(fn, "__flatgather__", None) is not None:
+        fn = fn.__wrapped__
+    return fn if isinstance(fn, types.FunctionType) else None
 
 
 def known_code(where: str, owner: type | None, name: Any) -> str:

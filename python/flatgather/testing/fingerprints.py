@@ -29,6 +29,8 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
+from flatgather.sglang.patching import release_function as release_own
+
 __all__ = ["declared", "release_fingerprints", "release_function", "release_functions", "render"]
 
 
@@ -81,8 +83,8 @@ def release_function(known) -> tuple[type | None, types.FunctionType] | None:
             if isinstance(owner, type) and known.name in vars(owner):
                 return owner, vars(owner)[known.name]
             continue
-        fn = _unwrapped(vars(module).get(known.name))
-        if not isinstance(fn, types.FunctionType):
+        fn = release_own(module, known.name)
+        if fn is None:
             continue
         if known.imported or fn.__module__ == module.__name__:
             return None, fn
@@ -100,13 +102,6 @@ def release_functions() -> dict[str, types.FunctionType]:
         if located is not None:
             out[known.key] = located[1]
     return out
-
-
-def _unwrapped(fn):
-    # Where flatgather's replacement is installed, the release's is under it.
-    while getattr(fn, "__flatgather__", None) is not None:
-        fn = fn.__wrapped__
-    return fn
 
 
 def release_fingerprints() -> dict[str, str]:

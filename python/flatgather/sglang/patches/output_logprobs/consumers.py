@@ -29,10 +29,18 @@ from flatgather.sglang.patches.output_logprobs.producers import (
     difference,
     producer,
     producer_calls,
-    release_function,
     tolist_each,
 )
-from flatgather.sglang.patching import Candidate, Known, Patch, Refused, Swap, Target, Unneeded
+from flatgather.sglang.patching import (
+    Candidate,
+    Known,
+    Patch,
+    Refused,
+    Swap,
+    Target,
+    Unneeded,
+    release_function,
+)
 
 COPY_HELPERS = shapes.KNOWN[shapes.COPY_HELPER]
 """The per-tensor host copies flatgather knows (``_async_d2h`` of

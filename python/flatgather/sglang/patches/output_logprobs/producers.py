@@ -27,6 +27,7 @@ from flatgather.sglang.patching import (
     Swap,
     Target,
     known_code,
+    release_function,
 )
 
 VOCAB = 24
@@ -131,16 +132,6 @@ def _verify_producer(original, replacement, answers: Answered, name: str) -> str
         ),
         compare=difference,
     )
-
-
-def release_function(module, name: str):
-    """The release's own function ``name`` of ``module``, under flatgather's
-    replacement if one is there."""
-    fn = vars(module).get(name)
-    # Where flatgather's replacement is installed, the release's is under it.
-    while getattr(fn, "__flatgather__", None) is not None:
-        fn = fn.__wrapped__
-    return fn if isinstance(fn, types.FunctionType) else None
 
 
 @dataclass
