@@ -9,7 +9,9 @@
 - :mod:`~flatgather.sglang.patches.prefill_result`: the scheduler's prefill results
   (SGLang issue #36938);
 - :mod:`~flatgather.sglang.patches.output_logprobs`: the output logprobs' producers and
-  the chain that hands them to the scheduler.
+  the chain that hands them to the scheduler;
+- :mod:`~flatgather.sglang.patches.front_end`: the logprobs' token texts in the
+  process that answers the client.
 
 A new patch is a new room and a line here.
 """
@@ -26,6 +28,7 @@ def patches() -> tuple[Patch, ...]:
     imports torch)."""
     from flatgather.sglang.patches import (
         draft_prefill,
+        front_end,
         input_logprobs,
         output_logprobs,
         prefill_result,
@@ -39,4 +42,5 @@ def patches() -> tuple[Patch, ...]:
         prefill_result.PATCH,
         output_logprobs.PRODUCER,
         output_logprobs.CHAIN,
+        front_end.PATCH,
     )
