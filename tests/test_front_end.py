@@ -16,9 +16,13 @@ from engine import models
 from flatgather.sglang.patches import front_end
 from flatgather.sglang.patches.front_end import runtime
 from flatgather.sglang.patching import release_function
+from flatgather.testing import install_sgl_kernel_stand_in
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+# Up to 0.5.12 the tokenizer manager imports modules that need sgl_kernel;
+# its two functions need none of it.
+install_sgl_kernel_stand_in()
 tm = pytest.importorskip("sglang.srt.managers.tokenizer_manager")
 Manager = tm.TokenizerManager
 # The release's own functions, before any test patches them.
