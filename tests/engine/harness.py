@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -61,6 +62,9 @@ class Served:
     events: Counter = field(default_factory=Counter)
     """How many times each event of the trace happened (both sides)."""
     answered_pids: set[int] = field(default_factory=set)
+    main_pid: int | None = None
+    """The process that served the client (the front-end scenario): the
+    server's ``launch_server`` process, or the one that ran the engine."""
 
     def unanswered(self) -> list[str]:
         """The replacements put in place in the process whose event loop
@@ -108,6 +112,8 @@ def make_models(root: Path) -> tuple[Path, Path]:
     target, draft = root / "target", root / "draft"
     if not (target / "config.json").exists():
         models.make_target(target)
+    if not (target / "tokenizer.json").exists():
+        models.make_tokenizer(target)
     if not (draft / "config.json").exists():
         models.make_draft(draft)
     return target, draft
@@ -162,7 +168,10 @@ def serve(
     """Start an engine, serve the workload, shut it down; what it answered."""
     target, draft = make_models(models_root)
     side = "on" if flatgather else "off"
-    tag = f"{scenario}{'-http' if workload.get('http') else ''}{workload.get('tag', '')}-{side}"
+    kind = "-http" if workload.get("http") else ""
+    kind += f"-{workload['front_end']}" if workload.get("front_end") else ""
+    kind += "-split" if workload.get("split") else ""
+    tag = f"{scenario}{kind}{workload.get('tag', '')}-{side}"
     workdir.mkdir(parents=True, exist_ok=True)
     out, trace = workdir / f"{tag}.json", workdir / f"{tag}.trace"
     trace.unlink(missing_ok=True)
@@ -193,6 +202,7 @@ def serve(
         answers=result["answers"],
         flatgather_lines=[line for line in log.splitlines() if line.startswith("[flatgather]")],
         log=log,
+        main_pid=result.get("main_pid"),
         **read_trace(trace),
     )
 
@@ -222,3 +232,118 @@ def close(a, b, tolerance: float) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(close(x, y, tolerance) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b
+
+
+VARYING = (
+    # Request ids (random per request) and the OpenAI responses' id.
+    "id",
+    # The OpenAI responses' creation time, in seconds.
+    "created",
+    # Wall-clock timings the tokenizer manager adds to a finished request.
+    "e2e_latency",
+    "response_sent_to_client_ts",
+)
+"""The response fields that differ between two runs of the same server,
+normalized out by name; every other byte of a response is compared."""
+_VARYING = re.compile(
+    rb'("(?:' + b"|".join(re.escape(k.encode()) for k in VARYING) + rb')":)'
+    rb'("(?:[^"\\]|\\.)*"|-?[0-9][0-9.eE+-]*)'
+)
+
+
+def normalized(body: bytes) -> bytes:
+    """``body`` with the value of each ``VARYING`` field replaced by ``0``,
+    byte for byte otherwise."""
+    return _VARYING.sub(rb"\g<1>0", body)
+
+
+def sse_events(body: bytes) -> list[bytes]:
+    """An SSE stream's events (``data: ...``), as sent."""
+    assert body.startswith(b"data: ") and body.endswith(b"\n\n"), body[:200]
+    return body[: -len(b"\n\n")].split(b"\n\n")
+
+
+def _span(event: bytes, before: int) -> tuple[int, int]:
+    """The tokens an event covers: a ``/generate`` event is a snapshot of the
+    request so far (up to its ``completion_tokens``), an OpenAI event a
+    delta (its logprobs' tokens after those of the events before it)."""
+    if event == b"data: [DONE]":
+        return (before, -1)
+    chunk = json.loads(event[len(b"data: ") :])
+    if "meta_info" in chunk:
+        return (0, chunk["meta_info"]["completion_tokens"])
+    logprobs = chunk["choices"][0].get("logprobs") or {}
+    count = len(logprobs.get("content") or logprobs.get("tokens") or [])
+    return (before, before + count)
+
+
+def stream_events(body: bytes) -> dict[tuple[int, int], bytes]:
+    """A stream's events by the tokens each covers (see ``_span``)."""
+    events, before = {}, 0
+    for event in sse_events(body):
+        span = _span(event, before)
+        assert span not in events or span[0] == span[1], f"two events cover {span}"
+        # Events that cover no token (a chat stream's role, the finish) are
+        # told apart by their order.
+        key = span if span not in events else (span[0], span[1], len(events))
+        events[key] = event
+        before = max(before, span[1])
+    return events
+
+
+def compare_stream(stock: bytes, flat: bytes) -> tuple[str | None, int]:
+    """Where two streams differ (or None), and how many events were compared.
+
+    The tokenizer manager sends a streaming client the latest of the outputs
+    waiting for it: when it falls behind the scheduler for a step (a busy
+    machine), two steps go out as one event, on either side. So events are
+    matched by the tokens they cover: each event both sides sent is compared
+    byte for byte (after ``normalized``), the last events and the terminator
+    too, and each side's events must cover the same tokens in the end."""
+    a, b = stream_events(normalized(stock)), stream_events(normalized(flat))
+    last = (list(a)[-2], list(b)[-2]) if len(a) > 1 and len(b) > 1 else (None, None)
+    if last[0] is None or max(k[1] for k in a) != max(k[1] for k in b):
+        return f"the streams cover other tokens: off {list(a)} on {list(b)}", 0
+    if a[list(a)[-1]] != b[list(b)[-1]] or a[last[0]] != b[last[1]]:
+        return (
+            f"the streams end differently: off {a[last[0]][:300]!r} on {b[last[1]][:300]!r}",
+            0,
+        )
+    common = [k for k in a if k in b]
+    for key in common:
+        if a[key] != b[key]:
+            return f"event {key}: off {_around(a[key], b[key])}", len(common)
+    return None, len(common)
+
+
+def _around(x: bytes, y: bytes) -> str:
+    i = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+    return f"{x[max(0, i - 120) : i + 120]!r} != on {y[max(0, i - 120) : i + 120]!r}"
+
+
+def compare_front_end(stock: list, flat: list) -> tuple[str | None, int]:
+    """Where two front-end runs' responses first differ (or None), and the
+    number of stream events compared: the status and the body bytes after
+    ``normalized``; a stream by ``compare_stream``."""
+    if [c["name"] for c in stock] != [c["name"] for c in flat]:
+        return f"other calls: {[c['name'] for c in stock]} != {[c['name'] for c in flat]}", 0
+    events = 0
+    for a, b in zip(stock, flat, strict=True):
+        x, y = a["body"].encode("latin-1"), b["body"].encode("latin-1")
+        if a["status"] != b["status"]:
+            return f"{a['name']}: status {a['status']} off, {b['status']} on", events
+        if x.startswith(b"data: "):
+            difference, compared = compare_stream(x, y)
+            events += compared
+        else:
+            x, y = normalized(x), normalized(y)
+            difference = None if x == y else _around(x, y)
+        if difference is not None:
+            return f"{a['name']}: {difference}", events
+    return None, events
+
+
+def active_pids(lines: list[str]) -> set[int]:
+    """The processes where flatgather logged it was active."""
+    found = (re.search(r"\bactive in pid (\d+)\b", line) for line in lines)
+    return {int(m.group(1)) for m in found if m}

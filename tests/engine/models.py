@@ -9,6 +9,7 @@ model.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -125,3 +126,96 @@ def _rand(g, *shape: int, scale: float | None = None):
     # Fan-in scaling keeps the activations of a random network in range.
     s = scale if scale is not None else shape[-1] ** -0.5
     return torch.randn(*shape, generator=g) * s
+
+
+# The tokenizer's fixed corpus: its merges are learned from it, so they are
+# the same on every run. Multi-byte characters merge into whole ones here,
+# while the model, with random weights, emits their bytes alone as well:
+# single tokens that decode to partial UTF-8 (U+FFFD), as real byte-level
+# vocabularies do.
+CORPUS = (
+    "the quick brown fox jumps over the lazy dog; the logprob of each token "
+    "is read by the server, then the text of the token is decoded. "
+    "café naïve résumé über straße 日本語 テキスト ∑ → ≤ 😀 "
+    "in the beginning there was the word, and the word was with the other words "
+    "print(len(tokens)) == 384 and not tokens[0] "
+)
+SPECIAL = {"<pad>": 0, "<s>": 1, "</s>": 2}
+"""pad, bos and eos, as the model's config numbers them."""
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def _byte_chars() -> list[str]:
+    """The byte-level alphabet, indexed by byte: printable bytes stand for
+    themselves, the others are shifted past 255 (the usual byte-level BPE
+    mapping, so the pieces are valid text in a JSON vocabulary)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shifted = iter(range(256, 512))
+    return [chr(b) if b in kept else chr(next(shifted)) for b in range(256)]
+
+
+def _merges(words: list[list[str]], count: int) -> list[tuple[str, str]]:
+    """``count`` BPE merges of ``words``: the most frequent pair first, ties
+    broken by the pair itself (deterministic)."""
+    merges = []
+    for _ in range(count):
+        pairs: dict[tuple[str, str], int] = {}
+        for word in words:
+            for pair in itertools.pairwise(word):
+                pairs[pair] = pairs.get(pair, 0) + 1
+        if not pairs:
+            break
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merges.append(best)
+        for word in words:
+            i = 0
+            while i < len(word) - 1:
+                if (word[i], word[i + 1]) == best:
+                    word[i : i + 2] = [word[i] + word[i + 1]]
+                i += 1
+    return merges
+
+
+def make_tokenizer(where: Path) -> Path:
+    """A byte-level BPE tokenizer whose vocabulary is the model's exactly
+    (``VOCAB`` ids: pad, bos, eos, the 256 bytes, then merges), saved so that
+    ``transformers.AutoTokenizer.from_pretrained(where)`` loads it as a
+    ``PreTrainedTokenizerFast``, with a minimal chat template. Made from the
+    fixed corpus alone: the same bytes every time."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    where.mkdir(parents=True, exist_ok=True)
+    chars = _byte_chars()
+    vocab = dict(SPECIAL)
+    for char in chars:
+        vocab[char] = len(vocab)
+    # The pre-tokenizer's pieces are already in the byte alphabet.
+    words = [
+        list(piece)
+        for piece, _ in pre_tokenizers.ByteLevel(add_prefix_space=False).pre_tokenize_str(CORPUS)
+    ]
+    merges = []
+    for a, b in _merges(words, VOCAB):
+        if len(vocab) == VOCAB:
+            break
+        merges.append((a, b))
+        vocab.setdefault(a + b, len(vocab))
+    assert len(vocab) == VOCAB, f"{len(vocab)} tokens, the model has {VOCAB}"
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL])
+    tokenizer.save(str(where / "tokenizer.json"))
+    specials = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+    config = specials | {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": CONTEXT,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (where / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    (where / "special_tokens_map.json").write_text(json.dumps(specials, indent=1))
+    return where

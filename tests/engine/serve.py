@@ -10,6 +10,16 @@ With ``"http": true`` in the spec, the same workload goes to a server
 started as operators start one, ``python -m sglang.launch_server``, as one
 batch ``POST /generate``.
 
+With ``"front_end": "http"`` the server runs with the model's tokenizer
+and answers a fixed sequence of calls (``workload.front_end_calls``): the
+raw bytes of each response are written, as the client got them. With
+``"front_end": "engine"`` an ``sglang.Engine`` with the tokenizer answers
+``workload.front_end_engine_calls``, each logprob field written as its
+``repr`` (types included). With ``"split": true`` this process starts with
+flatgather off and turns it on before the server or engine starts, so only
+the processes they spawn (scheduler, detokenizer) run it; the server's own
+process (``launch_server``) is started through a wrapper that does the same.
+
 The answer file holds, per request, the output ids and every logprob field
 of ``meta_info`` (floats written by ``repr``, so they compare bit for bit),
 and the markers of the engine's trace (see ``sitecustomize.py``).
@@ -78,7 +88,9 @@ def engine_args(spec: dict) -> dict:
         "model_path": spec["target"],
         "device": "cpu",
         "dtype": "float32",
-        "skip_tokenizer_init": True,
+        # Only the front-end scenario loads the tokenizer: the others feed
+        # ids and compare ids and values.
+        "skip_tokenizer_init": not spec.get("front_end"),
         # The automatic fraction comes out negative on a CPU.
         "mem_fraction_static": 0.05,
         "max_total_tokens": 8192,
@@ -179,8 +191,140 @@ def serve_http(spec: dict, batch: dict) -> tuple[list, float, float]:
     return outs, up, serve_s
 
 
+SPLIT = (
+    "import os, runpy; "
+    # This process started with the switch off (its .pth line did nothing);
+    # the processes it spawns read it on.
+    "os.environ['FLATGATHER_SGLANG'] = '1'; "
+    "runpy.run_module('sglang.launch_server', run_name='__main__', alter_sys=True)"
+)
+
+
+def _start_server(args: dict, split: bool) -> tuple[subprocess.Popen, int, float]:
+    """``python -m sglang.launch_server`` on a free loopback port, up and
+    healthy; with ``split``, the same module run by a wrapper that turns
+    flatgather on for its spawned processes only."""
+    port = _free_port()
+    cli = _cli(args | {"host": "127.0.0.1", "port": port})
+    command = ["-c", SPLIT] if split else ["-m", "sglang.launch_server"]
+    started = time.perf_counter()
+    server = subprocess.Popen([sys.executable, *command, *cli], start_new_session=True)
+    deadline = started + 300
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited ({server.returncode}) before it was up")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                break
+        except OSError:
+            if time.perf_counter() > deadline:
+                _stop(server)
+                raise RuntimeError("the server was not up after 300 s") from None
+            time.sleep(0.5)
+    return server, port, time.perf_counter() - started
+
+
+def _stop(server: subprocess.Popen) -> None:
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def _raw(url: str, body: dict, timeout: float) -> dict:
+    """One call's status and body bytes exactly as they came (an SSE stream
+    whole, to its end), the bytes kept as latin-1 text for the JSON file."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, data = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, data = exc.code, exc.read()
+    return {"status": status, "body": data.decode("latin-1")}
+
+
+def serve_front_end(spec: dict) -> tuple[list, float, float, int]:
+    """The front-end calls, one after the other (never two at once: the
+    batches the scheduler forms, and so the floats, are then the same on
+    both sides), against one server."""
+    server, port, up = _start_server(engine_args(spec), spec.get("split", False))
+    try:
+        sent = time.perf_counter()
+        outs = [
+            {"name": name} | _raw(f"http://127.0.0.1:{port}{path}", body, timeout=300)
+            for name, path, body in workload.front_end_calls(spec.get("seed", 0))
+        ]
+        serve_s = time.perf_counter() - sent
+    finally:
+        _stop(server)
+    return outs, up, serve_s, server.pid
+
+
+def _engine_generate(engine, kwargs: dict):
+    """``engine.generate(**kwargs)``; where the release's ``Engine.generate``
+    takes no ``return_text_in_logprobs`` (0.5.23), the request it builds,
+    with that field, handed to its tokenizer manager the way it hands it."""
+    import inspect
+
+    if "return_text_in_logprobs" in inspect.signature(engine.generate).parameters:
+        return engine.generate(**kwargs)
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    kwargs = dict(kwargs)
+    obj = GenerateReqInput(text=kwargs.pop("prompt", None), **kwargs)
+    generator = engine.tokenizer_manager.generate_request(obj, None)
+    return engine.loop.run_until_complete(generator.__anext__())
+
+
+def serve_front_end_engine(spec: dict) -> tuple[list, float, float, int]:
+    """``Engine.generate`` with the tokenizer, each call's logprob fields as
+    their ``repr``: the Python objects the front end hands back, types
+    included (a float's bits, an int id, a str or None text)."""
+    if spec.get("split"):
+        os.environ["FLATGATHER_SGLANG"] = "1"
+    import sglang
+
+    started = time.perf_counter()
+    engine = sglang.Engine(**engine_args(spec))
+    up = time.perf_counter() - started
+    try:
+        sent = time.perf_counter()
+        outs = []
+        for name, kwargs in workload.front_end_engine_calls(spec.get("seed", 0)):
+            served = _engine_generate(engine, kwargs)
+            for i, out in enumerate(served if isinstance(served, list) else [served]):
+                meta = out["meta_info"]
+                fields = {k: repr(meta[k]) for k in sorted(meta) if "logprobs" in k}
+                outs.append(
+                    {"name": f"{name}[{i}]", "text": repr(out.get("text"))}
+                    | {"output_ids": repr(out.get("output_ids"))}
+                    | fields
+                )
+        serve_s = time.perf_counter() - sent
+    finally:
+        engine.shutdown()
+    return outs, up, serve_s, os.getpid()
+
+
 def main() -> int:
     spec = json.loads(Path(sys.argv[1]).read_text())
+    switch = os.environ.get("FLATGATHER_SGLANG", "")
+    if spec.get("front_end"):
+        serve = serve_front_end if spec["front_end"] == "http" else serve_front_end_engine
+        outs, up, serve_s, pid = serve(spec)
+        result = {
+            "answers": outs,
+            "flatgather": switch,
+            "main_pid": pid,
+            "startup_s": up,
+            "serve_s": serve_s,
+        }
+        Path(spec["out"]).write_text(json.dumps(result))
+        return 0
     reqs = workload.requests(spec["requests"], seed=spec.get("seed", 0), **spec.get("shape", {}))
     calls = [r.as_kwargs() for r in reqs]
     batch = {key: [c[key] for c in calls] for key in calls[0]}

@@ -116,3 +116,131 @@ def requests(
             )
         )
     return out
+
+
+# Text prompts for the front end: ASCII, accented and CJK text and an emoji,
+# so that the tokenizer's pieces (and the model's answers) include tokens
+# that are part of a character (they decode to U+FFFD alone).
+PROMPTS = (
+    "the quick brown fox",
+    "café naïve 日本語 😀 → the word",
+    "print(len(tokens))",
+)
+
+
+def _logprob_fields(rng: random.Random, start: int = 0) -> dict:
+    return {
+        "return_logprob": True,
+        "logprob_start_len": start,
+        "top_logprobs_num": 5,
+        # Special ids among them: their text is the special token's.
+        "token_ids_logprob": [0, 2, *(rng.randrange(VOCAB) for _ in range(3))],
+        "return_text_in_logprobs": True,
+    }
+
+
+def front_end_calls(seed: int = 0) -> list[tuple[str, str, dict]]:
+    """The front-end scenario's HTTP calls, in order: ``(name, path, body)``.
+
+    ``/generate`` as a batch with input logprobs from the first token, the
+    top 5, token ids and their text, then one request of it streamed;
+    ``/v1/completions`` in the shape evaluation harnesses send to score
+    text (``echo``, ``logprobs: 5``, ``max_tokens`` 0 and 1) and a plain
+    one, streamed and not; ``/v1/chat/completions`` with ``top_logprobs: 5``,
+    streamed and not. Greedy everywhere."""
+    rng = random.Random(seed)
+    batch = requests(5, seed=seed, max_len=40, new_tokens=(3, 8), all_logprobs=True)
+    ids = [r.input_ids for r in batch]
+    greedy = {"temperature": 0.0}
+    generate = {
+        "input_ids": ids,
+        "sampling_params": [greedy | {"max_new_tokens": r.max_new_tokens} for r in batch],
+        "return_logprob": True,
+        "logprob_start_len": [0, 0, 1, len(ids[3]) // 2, -1],
+        "top_logprobs_num": [5, 5, 1, 0, 5],
+        "token_ids_logprob": [[0, 2, *(rng.randrange(VOCAB) for _ in range(2))] for _ in batch],
+        "return_text_in_logprobs": True,
+    }
+    one = {
+        "text": PROMPTS[1],
+        "sampling_params": greedy | {"max_new_tokens": 8, "ignore_eos": True},
+        **_logprob_fields(rng),
+    }
+    completions = {"model": "default", "temperature": 0.0, "logprobs": 5}
+    scoring = completions | {"echo": True}
+    chat = {
+        "model": "default",
+        "messages": [{"role": "user", "content": PROMPTS[1]}],
+        "temperature": 0.0,
+        "max_tokens": 8,
+        "logprobs": True,
+        "top_logprobs": 5,
+    }
+    return [
+        ("generate batch", "/generate", generate),
+        ("generate stream", "/generate", one | {"stream": True}),
+        ("generate one", "/generate", one),
+        # 0.5.23 refuses max_tokens 0 (400, "max_tokens must be positive"):
+        # the refusal's bytes are compared like any answer.
+        (
+            "completions echo, max_tokens 0",
+            "/v1/completions",
+            scoring | {"prompt": list(PROMPTS[:2]), "max_tokens": 0},
+        ),
+        (
+            "completions echo, max_tokens 1",
+            "/v1/completions",
+            scoring | {"prompt": list(PROMPTS[:2]), "max_tokens": 1},
+        ),
+        (
+            "completions echo, max_tokens 1, stream",
+            "/v1/completions",
+            scoring | {"prompt": PROMPTS[1], "max_tokens": 1, "stream": True},
+        ),
+        (
+            "completions, max_tokens 8",
+            "/v1/completions",
+            completions | {"prompt": PROMPTS[2], "max_tokens": 8},
+        ),
+        (
+            "completions, max_tokens 8, stream",
+            "/v1/completions",
+            completions | {"prompt": PROMPTS[2], "max_tokens": 8, "stream": True},
+        ),
+        ("chat", "/v1/chat/completions", chat),
+        ("chat, stream", "/v1/chat/completions", chat | {"stream": True}),
+    ]
+
+
+def front_end_engine_calls(seed: int = 0) -> list[tuple[str, dict]]:
+    """``Engine.generate`` calls: a batch of ids and one text prompt with
+    ``return_text_in_logprobs``, then the batch without it (the logprob
+    tuples' text is None)."""
+    rng = random.Random(seed)
+    batch = requests(3, seed=seed, max_len=30, new_tokens=(3, 6), all_logprobs=True)
+    greedy = {"temperature": 0.0}
+    plain = {
+        "input_ids": [r.input_ids for r in batch],
+        "sampling_params": [greedy | {"max_new_tokens": r.max_new_tokens} for r in batch],
+        **_logprob_fields(rng),
+    }
+    del plain["return_text_in_logprobs"]
+    return [
+        (
+            "batch",
+            {
+                "input_ids": [r.input_ids for r in batch],
+                "sampling_params": [greedy | {"max_new_tokens": r.max_new_tokens} for r in batch],
+                **_logprob_fields(rng),
+            },
+        ),
+        (
+            "text",
+            {
+                "prompt": PROMPTS[1],
+                "sampling_params": greedy | {"max_new_tokens": 6, "ignore_eos": True},
+                **_logprob_fields(rng, start=1),
+            },
+        ),
+        ("batch, no text", plain),
+    ]
