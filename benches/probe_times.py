@@ -59,7 +59,7 @@ CHILD = textwrap.dedent(
         report = fs.install()  # the modules are imported: every patch applies now
         installs.append(time.perf_counter() - started)
         seconds.append(report.probe_seconds)
-    patches = installer._state.swaps
+    patches = installer.installed_swaps()
     chain_names = (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS)
     token_ids = [
         p for p in patches

@@ -234,9 +234,9 @@ def test_the_chain_oracle_sees_a_stage_that_moves_rows(tmp_path, monkeypatch):
         return out[1:] + out[:1] if len(out) > 3 else out
 
     consumers = output_logprobs.consumers
-    helpers = {**consumers._HELPERS, output_logprobs.TO_HOST: rotated}
-    monkeypatch.setattr(consumers, "_HELPERS", helpers)
-    monkeypatch.setattr(consumers, "_verify_chain", lambda *args: None)
+    helpers = {**consumers.HELPERS, output_logprobs.TO_HOST: rotated}
+    monkeypatch.setattr(consumers, "HELPERS", helpers)
+    monkeypatch.setattr(consumers, "verify_chain", lambda *args: None)
     record = judge(target, control, tree, node, tmp_path, 20, 0)
     assert record.verdict == "silently different", record
 

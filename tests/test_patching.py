@@ -229,6 +229,43 @@ def test_a_patch_of_a_module_imported_later_is_pending_then_applied(with_patch):
     assert with_patch.reverted_count == 1
 
 
+def test_each_record_is_told_to_a_listener_and_the_swaps_are_readable(with_patch):
+    """What the engine tests' trace and the bench read of an installation,
+    through the installer's public accessors: each patch's report in each
+    module as it is recorded (at install() and at a later import), and the
+    swaps in place."""
+    heard = []
+    stop = installer.on_record(heard.append)
+    try:
+        report = fs.install()
+        assert heard and heard == [p for p in report.patches if p.state != "pending"]
+        assert [s.where for s in installer.installed_swaps()] == list(report.patched)
+        before = len(heard)
+        module = importlib.import_module(MODULE)
+        assert [(p.patch, p.module, p.state) for p in heard[before:]] == [
+            ("doubling", MODULE, "applied")
+        ]
+        (last,) = [s for s in installer.installed_swaps() if s.target is module]
+        assert (last.name, last.new) == ("double", times_two)
+    finally:
+        stop()
+        fs.uninstall()
+    assert installer.installed_swaps() == ()
+    fs.install()
+    fs.uninstall()
+    assert heard[-1].patch == "doubling"  # stopped: nothing heard since
+    assert len([p for p in heard if p.patch == "doubling"]) == 1
+
+
+def test_every_patch_declares_how_its_answer_is_told():
+    """``Patch.answers``, which the engine tests' trace reads: a patch that
+    replaces functions whole declares nothing; every other declares one of
+    the known ways."""
+    assert Doubling.answers == "whole" and "answers" not in vars(Doubling)
+    declared = {p.name: p.answers for p in rooms.patches()}
+    assert set(declared.values()) <= set(patching.ANSWERS), declared
+
+
 def test_a_patch_of_a_module_imported_already_applies_with_the_others(with_patch):
     module = importlib.import_module(MODULE)
     report = fs.install()

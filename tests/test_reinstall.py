@@ -8,14 +8,15 @@ import importlib
 
 import flatgather.sglang
 import pytest
-from flatgather.sglang.patches.output_logprobs import producers
-from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
-from flatgather.sglang.patches.output_logprobs.names import (
+from flatgather.sglang.patches.output_logprobs import (
     CONSUMER_CLASSES,
     CONSUMERS,
+    PRODUCER,
     PRODUCER_MODULES,
     PRODUCERS,
+    Producers,
 )
+from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
 from flatgather.testing import install_sgl_kernel_stand_in
 
 pytestmark = pytest.mark.matrix
@@ -81,7 +82,7 @@ def test_a_reinstall_judges_the_module_as_it_now_is(monkeypatch):
     assert vars(module)[TOP].__wrapped__ is release_own
     assert flatgather.sglang.uninstall()
     assert vars(module)[TOP] is release_own
-    assert not vars(producers.PATCH).get("_memo"), "an installation wrote its verdicts on PATCH"
+    assert not vars(PRODUCER).get("_memo"), "an installation wrote its verdicts on PRODUCER"
 
     # And the other way: what passed before is checked again on the changed
     # module, and its own check finds the difference.
@@ -99,13 +100,13 @@ def test_one_installation_verifies_each_producer_once(monkeypatch):
     reuses the verdict the producers' patch reached instead of checking the
     same function again (and the next installation checks anew)."""
     built = []
-    build = producers.Producers.build
+    build = Producers.build
 
     def counting(self, target, original):
         built.append(original)
         return build(self, target, original)
 
-    monkeypatch.setattr(producers.Producers, "build", counting)
+    monkeypatch.setattr(Producers, "build", counting)
     # The chain's modules imported first: its check runs in install().
     importlib.import_module("sglang.srt.layers.logits_processor")
     install_sgl_kernel_stand_in()

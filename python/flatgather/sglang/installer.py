@@ -23,7 +23,7 @@ import importlib
 import logging
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import MappingProxyType, ModuleType
 from typing import Any
@@ -55,7 +55,10 @@ class _Installed:
 
     def record(self, patch: Patch, module: str, result: Prepared) -> None:
         state = "applied" if result.swaps else "left stock" if result.notes else "as shipped"
-        self.outcomes.append(PatchReport(patch.name, module, state, result.applied, result.notes))
+        outcome = PatchReport(patch.name, module, state, result.applied, result.notes)
+        self.outcomes.append(outcome)
+        for listener in tuple(_listeners):
+            listener(outcome)
         self.notes.extend(result.notes)
         if result.swaps:
             self.backports.extend(b for b in result.backports if b not in self.backports)
@@ -81,6 +84,18 @@ class _Installed:
 
 _lock = threading.RLock()
 _state: _Installed | None = None
+_listeners: list[Callable[[PatchReport], None]] = []
+
+
+def on_record(listener: Callable[[PatchReport], None]) -> Callable[[], None]:
+    """From now on, call ``listener`` with each patch's report in each
+    module as it is recorded (by :func:`install`, and by each later import
+    of a module a patch waits for), under the install lock: a process's own
+    account of what was installed as it happened (the engine tests' trace).
+    It must not raise (that fails the install or the import). Returns what
+    stops the calls."""
+    _listeners.append(listener)
+    return functools.partial(_listeners.remove, listener)
 
 
 def _table_note(release: str | None) -> list[str]:
@@ -280,6 +295,13 @@ def in_service() -> tuple[Service, ...]:
     not installed): the bench and the tests read a patch's state there."""
     with _lock:
         return () if _state is None else tuple(_state.services)
+
+
+def installed_swaps() -> tuple[Swap, ...]:
+    """Every swap applied so far, in order (none when not installed): what
+    is in place of the release's code, for the bench to read."""
+    with _lock:
+        return () if _state is None else tuple(_state.swaps)
 
 
 def is_installed() -> bool:

@@ -31,6 +31,7 @@ from types import MappingProxyType, ModuleType
 from typing import Any, ClassVar, Generic, TypeVar
 
 __all__ = [
+    "ANSWERS",
     "Candidate",
     "Known",
     "Option",
@@ -229,6 +230,11 @@ def known_code(where: str, owner: type | None, name: Any) -> str:
         raise Refused(str(exc)) from None
 
 
+ANSWERS = ("whole", "flat-path", "returned")
+"""The ways a replacement's answer is told from the release's
+(:attr:`Patch.answers`)."""
+
+
 @dataclass(frozen=True)
 class Option:
     """An ``install()`` keyword a patch declares (every one defaults to True)."""
@@ -283,6 +289,20 @@ class Patch(Generic[Proof, Detail]):
     unfixed: ClassVar[str] = ""
     """What a refused target leaves unfixed, where the patch is a fix (said
     in the note)."""
+    answers: ClassVar[str] = "whole"
+    """One of :data:`ANSWERS`: how a call of its replacement tells flatgather's answer from the
+    release's (the engine tests' trace reads it to say that flatgather
+    answered a call, ``tests/engine/site/sitecustomize.py``):
+
+    * ``"whole"``: a function replaced whole that holds the release's own
+      function in its closure and hands it the calls it does not take:
+      flatgather answered when that function was not called;
+    * ``"flat-path"``: a rebuilt method whose loop goes through flatgather's
+      helper (the output chain's host copy and ``.tolist()``, the draft
+      prefill's gather): flatgather answered when the helper took its flat
+      path in the call;
+    * ``"returned"``: a rebuilt method with no path of the release's left
+      in it (the #36938 fix): flatgather answered when it returned."""
 
     def configure(self, options: Mapping[str, bool], memo: dict | None = None) -> Patch | None:
         """This patch for one installation, as ``install(**options)`` asks

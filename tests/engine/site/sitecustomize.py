@@ -77,17 +77,10 @@ LAZY_AUX = "flatgather.sglang.patches.pruned_states.runtime"
 FLAT_LOGPROBS = "flatgather.sglang.patches.output_logprobs.runtime"
 DRAFT_PREFILL = "flatgather.sglang.patches.draft_prefill"
 
-# The patches, by the install report's names, and how each replacement's
-# answer is told apart from the release's.
+# How each replacement's answer is told apart from the release's is what its
+# patch declares (``Patch.answers``: "whole", "flat-path", "returned"); the
+# pruning, by its name in the install report, is marked per path besides.
 PRUNED = "pruned-states"
-WHOLE = {"input-token-ids-logprobs", "output-logprobs"}
-"""Functions replaced whole, which hand a call they do not take to the
-release's function: flatgather answered when that was not called."""
-FLAT_PATH = {"output-logprobs-chain", "draft-prefill-rotation"}
-"""Rebuilt methods whose loop goes through flatgather's helper: answered when
-the helper took its flat path in the call."""
-REBUILT = {"prefill-skip-logprob-pt"}
-"""A rebuilt method with no path of the release's: answered when it returned."""
 
 RETRACTED = "retracted in flight"
 ADVANCED = "cursor advanced over a retracted request"
@@ -222,9 +215,10 @@ def _pruning(marker):
     return which
 
 
-def _trace_swap(swap, patch: str) -> None:
-    """Wrap ``swap.new`` so that it marks when it answers (see the module's
-    docstring), and write the marker it stands for."""
+def _trace_swap(swap, patch: str, answers: str) -> None:
+    """Wrap ``swap.new`` so that it marks when it answers, as its patch
+    declares (``answers``; see the module's docstring), and write the marker
+    it stands for."""
     marker = f"{patch}: {swap.where}"
     prior = vars(swap.target).get(swap.name)
     new = swap.new
@@ -232,13 +226,13 @@ def _trace_swap(swap, patch: str) -> None:
         _signals[swap.name] = marker
         _write("applied", marker)
         return
-    if patch == PRUNED or patch in WHOLE:
+    if answers == "whole":
         if not _track_release(new, prior):
             _write("untracked", f"{marker}: the release's function is not in its closure")
             return
         label = _pruning(marker) if patch == PRUNED else marker
         swap.new = _answering(new, label, lambda frame: not frame[RELEASED])
-    elif patch in FLAT_PATH:
+    elif answers == "flat-path":
         # A rebuild over a method flatgather rebuilt before (the chain over
         # the #36938 fix up to 0.5.12) carries that fix when it was built
         # from the fix's build.
@@ -248,10 +242,10 @@ def _trace_swap(swap, patch: str) -> None:
         if build is not None and before is not None and build.method is before.method:
             carried = getattr(prior, "_engine_markers", ())
         swap.new = _answering(new, marker, lambda frame: frame[FLAT], carried)
-    elif patch in REBUILT:
+    elif answers == "returned":
         swap.new = _answering(new, marker, lambda frame: True)
     else:
-        _write("untracked", f"{marker}: a patch this trace does not know")
+        _write("untracked", f"{marker}: its patch answers {answers!r}, unknown to this trace")
         return
     _write("applied", marker)
 
@@ -283,14 +277,14 @@ def _wrap_patching(module) -> None:
             owner.vouch = _vouching(owner.vouch)
         result = prepare(self, target_module)
         for swap in result.swaps:
-            swap._engine_patch = self.name
+            swap._engine_patch = (self.name, self.answers)
         return result
 
     def traced_apply(self):
         patch = getattr(self, "_engine_patch", None)
         if patch is not None and not getattr(self, "_engine_traced", False):
             self._engine_traced = True
-            _trace_swap(self, patch)
+            _trace_swap(self, *patch)
         return apply(self)
 
     module.Patch.prepare = traced_prepare
@@ -298,11 +292,7 @@ def _wrap_patching(module) -> None:
 
 
 def _wrap_installer(module) -> None:
-    record = module._Installed.record
-
-    def traced_record(self, patch, name, result):
-        record(self, patch, name, result)
-        outcome = self.outcomes[-1]
+    def traced_record(outcome):
         notes = [n for n in outcome.notes if n not in _vouched]
         vouched = [n for n in outcome.notes if n in _vouched]
         _write(
@@ -314,7 +304,7 @@ def _wrap_installer(module) -> None:
             json.dumps(vouched),
         )
 
-    module._Installed.record = traced_record
+    module.on_record(traced_record)
 
 
 def _wrap_lazy_aux(module) -> None:
@@ -339,7 +329,7 @@ def _wrap_lazy_aux(module) -> None:
 
 
 def _wrap_flat_logprobs(module) -> None:
-    take = module._take
+    take = module.take
 
     @functools.wraps(take)
     def traced_take(rows):
@@ -348,7 +338,7 @@ def _wrap_flat_logprobs(module) -> None:
             _flag(FLAT)
         return entry
 
-    module._take = traced_take
+    module.take = traced_take
 
 
 def _wrap_draft_prefill(module) -> None:

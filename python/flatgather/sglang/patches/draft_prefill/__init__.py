@@ -131,6 +131,7 @@ class DraftPrefill(Patch[source.Method, draft_check.Rewritten]):
 
     name = ROTATION
     modules = (MODULE,)
+    answers = "flat-path"  # the rotation's gather, or the release's loop where it declines
 
     def locate(self, module):
         owner = getattr(module, OWNER, None)

@@ -1,7 +1,8 @@
-"""The chain's patch: ``copy_to_cpu`` and the scheduler's methods rebuilt
+"""The chain's check: ``copy_to_cpu`` and the scheduler's methods, rebuilt
 with their per-row loops over the logprob lists replaced
-(:mod:`~flatgather.sglang.patches.output_logprobs.loops`), each checked
-against the release's own loops (see the package's docstring)."""
+(:mod:`~flatgather.sglang.patches.output_logprobs.loops`), against the
+release's own loops; which methods have such loops (see the package's
+docstring, where the patch is)."""
 
 from __future__ import annotations
 
@@ -16,31 +17,24 @@ import torch
 
 from flatgather.sglang import shapes, source
 from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
-from flatgather.sglang.patches.output_logprobs.loops import Rewrite, helper_call, rewrite
-from flatgather.sglang.patches.output_logprobs.names import (
-    CONSUMER_CLASSES,
-    CONSUMERS,
+from flatgather.sglang.patches.output_logprobs.loops import (
     FIELDS,
     TO_HOST,
     TOLIST,
+    Rewrite,
+    helper_call,
 )
 from flatgather.sglang.patches.output_logprobs.producers import (
-    OPTION,
     difference,
-    producer,
     producer_calls,
     tolist_each,
 )
-from flatgather.sglang.patching import (
-    Candidate,
-    Known,
-    Patch,
-    Refused,
-    Swap,
-    Target,
-    Unneeded,
-    release_function,
-)
+from flatgather.sglang.patching import release_function
+
+Producer = Callable[[Callable, str], tuple[Callable | None, str | None]]
+"""flatgather's replacement of a release's producer (the function, its
+name), verified, or None and why not: the producers' verdict of the
+installation (:func:`flatgather.sglang.patches.output_logprobs.producer`)."""
 
 COPY_HELPERS = shapes.KNOWN[shapes.COPY_HELPER]
 """The per-tensor host copies flatgather knows (``_async_d2h`` of
@@ -69,7 +63,7 @@ def unknown_copy(method: source.Method, result: Rewrite, closure=()) -> str | No
     flatgather knows, or None: a helper call ``f(v)`` must resolve, in the
     method's globals, to a function of :data:`COPY_HELPERS`. On a CPU no
     release's copy takes its device branch, so the check of
-    :func:`_verify_chain` cannot tell a helper of other code from the
+    :func:`verify_chain` cannot tell a helper of other code from the
     release's."""
     for text, (kind, fn) in result.elts.items():
         if kind != TO_HOST:
@@ -96,17 +90,19 @@ def unknown_copy(method: source.Method, result: Rewrite, closure=()) -> str | No
     return None
 
 
-_HELPERS = {TO_HOST: flat_logprobs.rows_to_host, TOLIST: flat_logprobs.rows_tolist}
+HELPERS = {TO_HOST: flat_logprobs.rows_to_host, TOLIST: flat_logprobs.rows_tolist}
+"""flatgather's helper for each kind of comprehension: the names the rebuilt
+methods call, bound to them."""
 _LOGPROB_MODULES = ("sglang.srt.layers.logprob_processor", "sglang.srt.layers.utils.logprob")
 
 
-def _chain_lists(memo: dict) -> list[tuple[list, list]]:
+def _chain_lists(producer: Producer) -> list[tuple[list, list]]:
     """``(release's list, flatgather's list)`` of every list of tensors the
     producers hand on in the producer cases, flatgather's registered (made
     anew for each check: the check's ``.tolist()`` takes them out of the
-    registry), with each producer's replacement as the installation's
-    ``memo`` holds it (verified once an installation, by whichever patch
-    meets it first)."""
+    registry), with each producer's replacement as ``producer`` gives it
+    (the installation's verdict, reached once by whichever patch meets it
+    first)."""
     module = None
     for name in _LOGPROB_MODULES:
         try:
@@ -119,7 +115,7 @@ def _chain_lists(memo: dict) -> list[tuple[list, list]]:
     pairs = []
     for name in (flat_logprobs.TOP, flat_logprobs.TOKEN_IDS):
         original = release_function(module, name)
-        replacement, problem = producer(original, name, memo) if original else (None, "not found")
+        replacement, problem = producer(original, name) if original else (None, "not found")
         if replacement is None:
             raise LookupError(f"{module.__name__}.{name}: {problem}")
         for call in producer_calls(name):
@@ -141,14 +137,14 @@ def _compile_elt(method: source.Method, fn: ast.Lambda) -> Callable:
     return eval(compile(expr, method.filename, "eval"), method.function.__globals__)
 
 
-def _verify_chain(method: source.Method, result: Rewrite, memo: dict) -> str | None:
+def verify_chain(method: source.Method, result: Rewrite, producer: Producer) -> str | None:
     """Each replaced comprehension against the release's, on every list
     both producers make: the same answer, and the next stage's ``.tolist()``
     of it; flatgather's lists stay registered through the copy."""
     for text, (kind, fn) in result.elts.items():
         elt = _compile_elt(method, fn)
-        helper = _HELPERS[kind]
-        for n, (release_rows, flat_rows) in enumerate(_chain_lists(memo)):
+        helper = HELPERS[kind]
+        for n, (release_rows, flat_rows) in enumerate(_chain_lists(producer)):
             expected = [elt(v) for v in release_rows]
             for rows, flat in ((release_rows, False), (flat_rows, True)):
                 actual = helper(rows, elt)
@@ -186,67 +182,3 @@ def methods_with_loops(owner: type) -> list[str]:
         if comprehensions or sys.version_info >= (3, 12):
             names.append(name)
     return names
-
-
-class Chain(Patch[tuple[source.Build, Rewrite], None]):
-    """The methods of each class of :data:`CONSUMER_CLASSES` that copy the
-    logprob lists row by row, rebuilt with those comprehensions replaced,
-    each method verified on its own."""
-
-    name = CONSUMERS
-    modules = tuple(CONSUMER_CLASSES)
-    what = "the logprob chain"
-    options = OPTION
-    known = (
-        Known(shapes.COPY_HELPER, ("sglang.srt.managers.utils",), "_async_d2h", imported=True),
-    )
-
-    def locate(self, module):
-        owner = getattr(module, CONSUMER_CLASSES.get(module.__name__, ""), None)
-        if not isinstance(owner, type):
-            return []
-        return [Target(owner, name, module) for name in methods_with_loops(owner)]
-
-    def prove(self, target):
-        """The method's source, proven, and its comprehensions over the
-        logprob lists, found (none: :class:`Unneeded`)."""
-        try:
-            build = source.to_rewrite(target.owner, target.name, decorated=True)
-        except source.SourceMismatch as exc:
-            raise Refused(str(exc)) from None
-        code = build.method.function.__code__
-        if {TO_HOST, TOLIST} & {*code.co_names, *code.co_varnames, *build.closure}:
-            raise Refused("it uses flatgather's names")
-        result = rewrite(build.tree)
-        if result is None:
-            raise Unneeded
-        if isinstance(result, str):
-            raise Refused(result)
-        return build, result
-
-    def build(self, target, proof):
-        build, result = proof
-        method = build.method
-        built = source.build_method(method, result.tree, {**build.closure, **_HELPERS})
-        built.__flatgather__ = CONSUMERS
-        # The attribute as shipped (a decorated method's wrapper, not the
-        # function under it): what the bench and the tests call as stock.
-        shipped = vars(target.owner)[target.name]
-        if hasattr(shipped, "__flatgather_build__"):
-            # Over another fix, which takes undecorated methods only.
-            shipped = method.function
-        built.__flatgather_original__ = shipped
-        yield Candidate(swaps=(Swap(target.owner, target.name, built),), applied=(CONSUMERS,))
-
-    def check(self, target, proof, candidate):
-        """The host copy by what it is, then each comprehension by what it
-        gives."""
-        build, result = proof
-        problem = unknown_copy(build.method, result, build.closure)
-        if problem:
-            return problem
-        problem = _verify_chain(build.method, result, self.memo())
-        return problem and f"checked against the release's loop, {problem}"
-
-
-PATCH = Chain()

@@ -11,9 +11,20 @@ import ast
 import copy
 from dataclasses import dataclass
 
-from flatgather.sglang.patches.output_logprobs.names import FIELDS, TO_HOST, TOLIST
+__all__ = ["FIELDS", "TOLIST", "TO_HOST", "Rewrite", "helper_call", "rewrite"]
 
-__all__ = ["Rewrite", "helper_call", "rewrite"]
+FIELDS = frozenset(
+    {
+        "next_token_top_logprobs_val",
+        "next_token_top_logprobs_idx",
+        "next_token_token_ids_logprobs_val",
+    }
+)
+"""The logprob lists whose per-row comprehensions are replaced."""
+TO_HOST = "__flatgather_rows_to_host__"
+TOLIST = "__flatgather_rows_tolist__"
+"""The names a rebuilt method calls flatgather's helpers by, one per kind
+of comprehension (the host copy, the ``.tolist()``)."""
 
 
 def _is_name(node, name: str) -> bool:

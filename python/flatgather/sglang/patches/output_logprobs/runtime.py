@@ -54,8 +54,10 @@ __all__ = [
     "clear",
     "make_token_ids_logprobs",
     "make_top_logprobs",
+    "registered",
     "rows_to_host",
     "rows_tolist",
+    "take",
 ]
 
 TOP = "get_top_logprobs"
@@ -118,9 +120,11 @@ def _register(entry: _Flat) -> list:
     return entry.rows
 
 
-def _take(rows) -> _Flat | None:
+def take(rows) -> _Flat | None:
     """The entry of ``rows`` if it is a registered list, unchanged; it is
-    forgotten either way (each list is consumed once)."""
+    forgotten either way (each list is consumed once). Each helper asks it
+    once per call, and takes its flat path exactly when it answers an entry
+    (what a trace of the helpers watches)."""
     if type(rows) is not list or not rows:
         return None
     with _lock:
@@ -156,7 +160,7 @@ def rows_to_host(rows, elt: Callable) -> list:
     copy to the host (``copy_to_cpu``): for a registered list, ``elt`` once
     on the flat tensor, and the rows as views of that one host copy,
     registered in turn."""
-    entry = _take(rows)
+    entry = take(rows)
     if entry is None:
         return [elt(v) for v in rows]
     host = elt(entry.flat)
@@ -168,7 +172,7 @@ def rows_tolist(rows, elt: Callable) -> list:
     """``[elt(v) for v in rows]``, where ``elt`` is the release's
     ``v.tolist()``: for a registered list, one ``.tolist()`` of the flat
     tensor, cut into the rows' lists."""
-    entry = _take(rows)
+    entry = take(rows)
     if entry is None:
         return [elt(v) for v in rows]
     return entry.tolist(elt)

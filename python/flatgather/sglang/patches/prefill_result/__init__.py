@@ -72,6 +72,15 @@ own rows at all, or the check could not see a shift. Which requests the
 release skips is told by running it on each alone (a finished middle chunk is
 skipped up to 0.5.13 and drained from 0.5.14). The whole check takes about
 4 ms.
+
+The room
+--------
+The patch and its names are here; ``harness.py`` (the stand-ins),
+``match.py``, ``rewrite.py`` and ``check.py`` are its steps, and each keeps
+the release's names it alone reads (the count the matcher looks for, the
+logprob processor's module). The stand-ins also need :data:`METHOD`: as
+this module imports them, they read it when a :class:`Harness` is built,
+not when they are imported (an import cycle).
 """
 
 from __future__ import annotations
@@ -93,7 +102,6 @@ from flatgather.sglang.patches.prefill_result.harness import (
     skip_advances,
 )
 from flatgather.sglang.patches.prefill_result.match import find_shape
-from flatgather.sglang.patches.prefill_result.names import FIX, METHOD, MODULES
 from flatgather.sglang.patches.prefill_result.rewrite import advance_in_skip
 from flatgather.sglang.patching import Candidate, Patch, Refused, Swap, Target, Unneeded
 
@@ -112,6 +120,15 @@ __all__ = [
     "release_module",
     "skip_advances",
 ]
+
+
+MODULES = (
+    "sglang.srt.managers.scheduler_output_processor_mixin",  # 0.5.10 to 0.5.12
+    "sglang.srt.managers.scheduler_components.batch_result_processor",  # 0.5.13 on
+)
+METHOD = "process_batch_result_prefill"
+FIX = "prefill-skip-logprob-pt"
+"""The skip branch advances the input-logprob cursor (SGLang issue #36938)."""
 
 
 def release_module() -> types.ModuleType:
@@ -160,6 +177,7 @@ class PrefillResult(Patch[Found, None]):
     name = FIX
     modules = MODULES
     unfixed = "SGLang issue #36938 unfixed"
+    answers = "returned"  # no path of the release's is left in the method
 
     def locate(self, module):
         owner = owner_of(module)

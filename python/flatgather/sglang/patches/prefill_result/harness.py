@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from flatgather.sglang import source
 from flatgather.sglang.compare import first_difference
-from flatgather.sglang.patches.prefill_result.names import LOGITS_PROCESSOR, METHOD
 
+LOGITS_PROCESSOR = "sglang.srt.layers.logits_processor"
+"""The module of the ``LogitsProcessorOutput`` a stand-in batch's result holds."""
 _VOCAB = 1 << 20
 _KINDS = tuple(
     f"{kind}_{part}"
@@ -262,6 +263,10 @@ class Harness:
 
     def __init__(self, owner: type, module: types.ModuleType | None = None) -> None:
         import torch
+
+        # The patch's own name of the method, read from the room once it is
+        # imported (the room imports this module: see its docstring).
+        from flatgather.sglang.patches.prefill_result import METHOD
 
         self._torch = torch
         self.owner = owner

@@ -11,7 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from flatgather.sglang import source
-from flatgather.sglang.patches.prefill_result.names import COUNT
+
+COUNT = "calculate_num_input_logprobs"
+"""The release's count of a request's input logprobs, the cursor's step (a
+method whose name ends so: ``_calculate_num_input_logprobs`` up to 0.5.12)."""
 
 # --- the shape of the method ------------------------------------------------------------------
 
