@@ -334,7 +334,7 @@ def _compare_prefills(trial, copy, in_place, mutant, release, inputs, cases, fix
         release_runs = inputs.release(n, _prefill_runs, harness, release, specs, return_logprob)
         mutant_runs = _prefill_runs(harness, mutant, specs, return_logprob)
         trial.raised += any(isinstance(r, prefill_result.Raised) for r in mutant_runs)
-        where = prefill_result.harness._describe(specs, return_logprob)
+        where = prefill_result.harness.describe(specs, return_logprob)
         trial.tell(_first_of(mutant_runs, release_runs), where)
         if in_place is None:
             continue

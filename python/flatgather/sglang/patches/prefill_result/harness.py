@@ -407,7 +407,9 @@ class Harness:
         return {k: _snapshot(req) for k, req in reqs.items()}
 
 
-def _describe(specs: Sequence[Request], return_logprob: bool = True) -> str:
+def describe(specs: Sequence[Request], return_logprob: bool = True) -> str:
+    """A batch of stand-in requests in words, as the check's differences
+    name it (the mutation suite names its batches alike)."""
     parts = []
     for s in specs:
         what = [f"{s.extend}/{s.start}"]
@@ -431,7 +433,7 @@ def compare_without_skipped(
     one what ``stock`` leaves on it in the whole batch; else the first
     difference. With no skipped request, the whole batch must come out of
     both the same."""
-    where = _describe(specs, return_logprob)
+    where = describe(specs, return_logprob)
     skipped = harness.skipped(stock, specs)
     kept = [k for k in range(len(specs)) if k not in skipped]
     got = harness.run(ours, specs, return_logprob=return_logprob)
@@ -480,11 +482,11 @@ def skip_advances(harness: Harness, function: types.FunctionType) -> bool | str:
         alone = harness.run(function, specs, kept)
         for outcome in (whole, alone):
             if isinstance(outcome, Raised):
-                return f"its method fails on {_describe(specs)}: {outcome.type}: {outcome.message}"
+                return f"its method fails on {describe(specs)}: {outcome.type}: {outcome.message}"
         after = kept[-1]
         if not _received(alone[after], after, specs[after]):
             return (
-                f"on {_describe(specs)}, request {after} got none of its input "
+                f"on {describe(specs)}, request {after} got none of its input "
                 "logprobs: the check would not see a shift"
             )
         if any(whole[k] != alone[k] for k in kept):
