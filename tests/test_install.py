@@ -20,7 +20,7 @@ from _sglang import (
     lp,
 )
 from flatgather.sglang import installer, releases, shapes
-from flatgather.sglang.patches import draft_prefill, output_logprobs
+from flatgather.sglang.patches import draft_prefill, front_end, output_logprobs
 from flatgather.sglang.patches.pruned_states import probe
 
 
@@ -66,9 +66,9 @@ def test_install_reports_what_it_verified_and_applied():
     if hasattr(lp, "get_token_ids_logprobs_prefill"):
         ours.add(f"{lp.__name__}.get_token_ids_logprobs_prefill")
     assert ours <= set(report.patched)
-    # Anything else is the draft worker's or the scheduler's, patched now if
-    # another test imported its module, or the output-logprob chain's (its
-    # producers and consumers).
+    # Anything else is the draft worker's, the scheduler's or the front end's,
+    # patched now if another test imported its module, or the output-logprob
+    # chain's (its producers and consumers).
     chain = (
         "get_top_logprobs",
         "get_token_ids_logprobs",
@@ -77,6 +77,7 @@ def test_install_reports_what_it_verified_and_applied():
     assert all(
         where.endswith((f".{draft_prefill.METHOD}", ".process_batch_result_prefill"))
         or any(name in where for name in chain)
+        or where.startswith(f"{front_end.MODULES[0]}.{front_end.OWNER}.detokenize_")
         for where in set(report.patched) - ours
     ), report.patched
 

@@ -183,6 +183,14 @@ RULES: tuple[Rule, ...] = (
         r".*",
     ),
     Rule(
+        "detokenize_logprob_tokens",
+        EQUIVALENT,
+        "run twice, the test returns from the first, or is false both times; the texts decoded "
+        "again are the same texts (the tokenizer's decode reads nothing but the ids)",
+        operator="statement duplicated",
+        code=r"`(if not decode_to_text:|token_texts = self\.tokenizer\.batch_decode\().*`",
+    ),
+    Rule(
         "_get_pruned_states",
         EQUIVALENT,
         "the assertion holds on every batch whose logprob start lies within its request "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import itertools
@@ -977,6 +978,94 @@ def _outcome(function, *args):
         return type(exc)
 
 
+# --- the front end's logprob tuples ----------------------------------------------------------
+
+
+@functools.cache
+def _front_end_tokenizer():
+    """The engine tests' byte-level tokenizer, a ``transformers`` one (the
+    kind whose texts flatgather decodes itself)."""
+    import tempfile
+
+    from engine import models
+    from transformers import AutoTokenizer
+
+    where = Path(tempfile.mkdtemp(prefix="flatgather-mutation-tokenizer-"))
+    return AutoTokenizer.from_pretrained(str(models.make_tokenizer(where)))
+
+
+def _front_end_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
+    """The mutant in a class of its own, beside the release's other
+    function (the top function calls the one-position one); what the patch
+    puts in place is called on the same manager as the mutant."""
+    from flatgather.sglang.patches import front_end
+    from flatgather.sglang.patches.front_end import runtime
+    from flatgather.sglang.patching import release_function
+
+    real = importlib.import_module(front_end.MODULES[0]).TokenizerManager
+    owner = getattr(copy, front_end.OWNER)
+    one = release_function(real, runtime.ONE)
+    if mutant.__name__ == runtime.TOP:
+        owner.detokenize_logprob_tokens = one
+    with _shape_gate():
+        result = front_end.PATCH.prepare(copy)
+    new = [s.new for s in result.swaps if s.name == mutant.__name__]
+    trial = Trial(patched=bool(new), note="; ".join(result.notes))
+
+    class Manager:
+        detokenize_logprob_tokens = one
+
+    top = mutant.__name__ == runtime.TOP
+    for n in tries(trial, cases, alone=not new):
+        rng = inputs.rng(n)
+        manager = Manager()
+        # At times no tokenizer (a server started with skip_tokenizer_init).
+        manager.tokenizer = _front_end_tokenizer() if rng.random() < 0.85 else None
+        args = _front_end_inputs(rng, top)
+        where = (
+            f"values {args[0]}, ids {args[1]}, texts {args[2]}"
+            f"{'' if manager.tokenizer else ', no tokenizer'}"
+        )
+        base = inputs.release(n, _outcome, release, manager, *args)
+        theirs = _outcome(mutant, manager, *args)
+        trial.compared += 1
+        trial.raised += isinstance(theirs, type)
+        trial.tell(_told(theirs, base), where)
+        if new:
+            found = _versus(_outcome(new[0], manager, *args), theirs, first_difference)
+            if found:
+                trial.difference = f"{where}: {found}"
+    return trial
+
+
+def _front_end_inputs(rng: random.Random, top: bool) -> tuple[list, list, bool]:
+    """One call: values and ids (at times more ids than values, ids
+    repeated), with texts or not; for the top function, a list of positions,
+    some without values."""
+    from engine import models
+
+    def position(k: int) -> tuple[list, list]:
+        vals = [rng.choice((-0.0, rng.uniform(-20.0, 0.0))) for _ in range(k)]
+        pool = [rng.randrange(models.VOCAB) for _ in range(max(1, k))]
+        ids = [rng.choice(pool) for _ in range(k + (rng.random() < 0.2))]
+        return vals, ids
+
+    text = rng.random() < 0.6
+    if not top:
+        vals, ids = position(rng.randrange(0, 9))
+        return vals, ids, text
+    positions = [position(rng.choice((0, 0, 1, 2, 5))) for _ in range(rng.randrange(0, 7))]
+    return [p[0] for p in positions], [p[1] for p in positions], text
+
+
+def _told(mutant, release) -> str | None:
+    """The mutant's outcome against the release's: the same exception (by
+    type), or the same tuples."""
+    if isinstance(mutant, type) or isinstance(release, type):
+        return None if mutant is release else f"the mutant gives {mutant}, the release {release}"
+    return first_difference(mutant, release)
+
+
 def _stand_ins() -> None:
     """The CPU stand-in for sgl_kernel, which the draft worker and the
     scheduler modules import; after logits_processor, which must not see it."""
@@ -1065,6 +1154,28 @@ def targets() -> list[Target]:
         *_chained_prefill(owner, prefill_module),
         *replaced_whole,
         *_chain_targets(),
+        *_front_end_targets(),
+    ]
+
+
+def _front_end_targets() -> list[Target]:
+    """The front end's two methods, replaced whole behind their known code,
+    each mutated in a class of its own and compared with what the patch puts
+    in place (the gate-off run)."""
+    from flatgather.sglang.patches import front_end
+    from flatgather.sglang.patches.front_end import runtime
+
+    return [
+        Target(
+            f"{front_end.OWNER}.{name}",
+            front_end.MODULES[0],
+            front_end.OWNER,
+            name,
+            _front_end_trial,
+            whole_module=False,
+            gated=True,
+        )
+        for name in (runtime.ONE, runtime.TOP)
     ]
 
 
