@@ -203,25 +203,44 @@ SPLIT = (
 def _start_server(args: dict, split: bool) -> tuple[subprocess.Popen, int, float]:
     """``python -m sglang.launch_server`` on a free loopback port, up and
     healthy; with ``split``, the same module run by a wrapper that turns
-    flatgather on for its spawned processes only."""
-    port = _free_port()
-    cli = _cli(args | {"host": "127.0.0.1", "port": port})
+    flatgather on for its spawned processes only.
+
+    The port is free when picked, not when the server binds it: another
+    server on the machine can take it in between, answer the health check,
+    and ours then fails to bind. So the server that answers must serve our
+    model (``/model_info``) and ours must still run; if not, another port."""
     command = ["-c", SPLIT] if split else ["-m", "sglang.launch_server"]
     started = time.perf_counter()
-    server = subprocess.Popen([sys.executable, *command, *cli], start_new_session=True)
-    deadline = started + 300
+    for _ in range(3):
+        port = _free_port()
+        cli = _cli(args | {"host": "127.0.0.1", "port": port})
+        server = subprocess.Popen([sys.executable, *command, *cli], start_new_session=True)
+        if _up(server, port, args["model_path"], started + 300):
+            return server, port, time.perf_counter() - started
+        _stop(server)
+    raise RuntimeError("no server of ours came up on three ports")
+
+
+def _up(server: subprocess.Popen, port: int, model: str, deadline: float) -> bool:
+    """Whether our server came up on ``port``; False when it exited or
+    another one answers there."""
+    url = f"http://127.0.0.1:{port}"
     while True:
         if server.poll() is not None:
-            raise RuntimeError(f"the server exited ({server.returncode}) before it was up")
+            return False
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                break
+            with urllib.request.urlopen(f"{url}/health", timeout=5):
+                pass
+            with urllib.request.urlopen(f"{url}/model_info", timeout=5) as response:
+                served = json.loads(response.read()).get("model_path")
+            # Ours also still runs: another server may answer while ours
+            # fails to bind.
+            time.sleep(1)
+            return served == model and server.poll() is None
         except OSError:
             if time.perf_counter() > deadline:
-                _stop(server)
                 raise RuntimeError("the server was not up after 300 s") from None
             time.sleep(0.5)
-    return server, port, time.perf_counter() - started
 
 
 def _stop(server: subprocess.Popen) -> None:
@@ -259,6 +278,8 @@ def serve_front_end(spec: dict) -> tuple[list, float, float, int]:
             for name, path, body in workload.front_end_calls(spec.get("seed", 0))
         ]
         serve_s = time.perf_counter() - sent
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited ({server.returncode}) while serving")
     finally:
         _stop(server)
     return outs, up, serve_s, server.pid
