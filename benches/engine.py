@@ -1,36 +1,51 @@
 """The end-to-end figure: a logprob-heavy workload on a real SGLang engine,
-flatgather off and on, side by side in one run.
+stock, flatgather, and the floor (no logprobs at all), side by side in one run.
 
     .venv/bin/python benches/engine.py [--release 0.5.23] [--running 64 256]
-        [--rounds 8] [--calls 5] [--profile-rounds 1] [--json FILE] [--markdown FILE]
-        [--max-minutes M] [--workdir DIR]
+        [--rounds 8] [--calls 5] [--profile-rounds 1] [--cprofile-rounds 1]
+        [--client engine|http] [--shape logprobs|echo] [--json FILE]
+        [--markdown FILE] [--max-minutes M] [--workdir DIR]
 
 For each number of running requests N, N requests are sent at once to a CPU
-``sglang.Engine`` (no speculative decoding, SGLang's torch-native attention,
-the tiny random Llama of ``tests/engine``), every one with input logprobs from
-its first token, the top 5 logprobs and three token ids, 16 to 32 output
-tokens. Each side runs in its own process with flatgather switched by
-``FLATGATHER_SGLANG`` alone; each of its engines serves one warm-up call and
-then ``--calls`` timed ``Engine.generate`` calls (start-up excluded), and its
-time is the median of those.
+SGLang server (no speculative decoding, SGLang's torch-native attention, the
+tiny random Llama of ``tests/engine``): an ``sglang.Engine`` in the bench's
+engine process, or, with ``--client http``, ``python -m
+sglang.launch_server`` and one batch ``POST /generate`` a call. The
+``logprobs`` shape asks, of every request, input logprobs from its first
+token, the top 5 logprobs and three token ids, 16 to 32 output tokens; the
+``echo`` shape is loglikelihood scoring (prompts of 100 to 300 tokens, one
+output token, input logprobs from the first token with the top 5).
+
+Each round runs three sides, each in its own process, the order rotating:
+stock and flatgather, switched by ``FLATGATHER_SGLANG`` alone, and the
+floor, stock serving the same prompts with the same output lengths
+(``ignore_eos``) and no logprobs asked for. Each engine serves one warm-up
+call and then ``--calls`` timed calls (start-up excluded); its time is the
+median of those.
 
 Three things keep the figure from passing by accident:
 
-- **Timing rounds run bare.** No profiler, no trace: each round starts one
-  engine per side, the order alternating, and the ratio of the round is the
-  stock engine's time over flatgather's. The figure is the geometric mean of
-  the rounds' ratios with a 95% t-interval over rounds, and the doc says
-  whether that interval excludes 1.0.
-- **The profile runs apart.** After the timing rounds, ``--profile-rounds``
-  more rounds run with the scheduler's profile (``tests/engine/site``): its
-  step time and the time spent in the functions whose loops flatgather
-  replaces. Their throughput against the bare rounds' is the profiler's
-  overhead, reported per side.
+- **Timing rounds run bare.** No profiler, no trace: the ratios of a round
+  are times over times of the same round (stock over flatgather; stock and
+  flatgather over the floor). A figure is the geometric mean of the rounds'
+  ratios with a 95% t-interval over rounds, and the doc says whether that
+  interval excludes 1.0. The bench's own counters (``benches/engine_site``)
+  run on every side alike: a wrapper per message a process sends, and a
+  thread that wakes 20 times a second; over the timed calls they give each
+  process's bytes sent, garbage collections and CPU time per request.
+- **The profiles run apart.** After the timing rounds, ``--profile-rounds``
+  rounds run with the scheduler's profile (``tests/engine/site``): its step
+  time and the time spent in the functions whose loops flatgather replaces;
+  then ``--cprofile-rounds`` rounds with ``cProfile`` in every process of the
+  server: each process's top functions and its shares of logprob work,
+  output streaming and pickling. Their throughput against the bare rounds'
+  is the profilers' overhead, reported per side.
 - **Every call's answers are compared bit for bit**, warm-up and timed, of
-  every engine, both sides, against the first engine's answers to the same
-  call: one difference stops the run with exit status 1. The off side must
-  log nothing from flatgather and every on-side engine must log that it is
-  active.
+  every engine: stock's and flatgather's against the first such engine's
+  answers to the same call, the floor's against the first floor engine's,
+  and every engine's output ids against the first engine's: one difference
+  stops the run with exit status 1. Stock and floor engines must log nothing
+  from flatgather and every flatgather engine must log that it is active.
 
 CPU figures on a shared 2-core machine: one torch thread per process, the
 sides interleaved, and the CPU time other processes used during each round
@@ -51,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -64,6 +80,20 @@ REQUESTS_SHAPE = {
     "ignore_eos": True,
     "all_logprobs": True,
 }
+
+ECHO_LEN = (100, 300)
+"""The echo shape's prompt lengths, in tokens."""
+
+TOKENS_PER_REQUEST = {"logprobs": 128, "echo": ECHO_LEN[1] + 16}
+"""Room in the KV cache per request, prompt and output, per shape."""
+
+SIDES = ("off", "on", "floor")
+SIDE_NAMES = {"off": "stock", "on": "flatgather", "floor": "floor"}
+"""The three sides of a round: stock, flatgather, and stock serving the same
+prompts and output lengths with no logprobs asked for."""
+
+ROLES = ("tokenizer manager", "scheduler", "detokenizer")
+"""The server's processes, as ``engine_site`` tells them apart."""
 
 BUSY_CORES = 0.5
 """Cores other processes may keep busy, in a round or in the minute before
@@ -90,45 +120,260 @@ def t_975(df: int) -> float:
     return z + (z**3 + z) / (4 * df)  # Cornish-Fisher, within 0.001 past 30
 
 
-def engine_settings(running: int) -> dict:
-    """Room for every request at once: one prefill batch, then N decoding."""
+def engine_settings(running: int, shape: str) -> dict:
+    """Room for every request at once: one prefill batch, then N decoding.
+    No prefix cache: every call sends the same prompts, and a request with
+    input logprobs from its first token reuses no prefix, so the cache would
+    serve the floor's prompts from the second call on, and only the
+    floor's."""
     return {
+        "disable_radix_cache": True,
         "max_running_requests": running,
-        "max_total_tokens": running * 128 + 1024,
+        "max_total_tokens": running * TOKENS_PER_REQUEST[shape] + 1024,
         "chunked_prefill_size": 8192,
     }
 
 
 # -- the engine process -------------------------------------------------------
 
+SITE = Path(__file__).resolve().parent / "engine_site"
+"""The bench's own engine-process additions (messages, collections, the
+per-process profile), first on the engines' ``PYTHONPATH``; they run the
+engine tests' additions too."""
+
+MARK_TIMEOUT_S = 60
+
+
+def echo_requests(n: int, seed: int = 0) -> list:
+    """What evaluation harnesses send to score a continuation: prompts of
+    100 to 300 tokens, one output token, input logprobs from the first token
+    with the top 5."""
+    import random
+
+    from engine.models import VOCAB
+    from engine.workload import Request
+
+    rng = random.Random(seed)
+    return [
+        Request(
+            input_ids=[rng.randrange(3, VOCAB) for _ in range(rng.randint(*ECHO_LEN))],
+            max_new_tokens=1,
+            return_logprob=True,
+            logprob_start_len=0,
+            top_logprobs_num=5,
+            token_ids_logprob=None,
+            ignore_eos=True,
+        )
+        for _ in range(n)
+    ]
+
+
+def make_batch(spec: dict) -> dict:
+    """One ``generate`` call's batch: the shape's requests, or, for the floor,
+    the same prompts and output lengths with no logprobs asked for."""
+    from engine import workload
+
+    if spec["shape"] == "echo":
+        reqs = echo_requests(spec["requests"])
+    else:
+        reqs = workload.requests(spec["requests"], seed=0, **REQUESTS_SHAPE)
+    calls = [r.as_kwargs() for r in reqs]
+    batch = {key: [c[key] for c in calls] for key in calls[0]}
+    # SGLang reads a batch's shape from its first entry: a key with no
+    # value anywhere is left out, as a client leaves it out.
+    batch = {k: v for k, v in batch.items() if any(x is not None for x in v)}
+    if spec["floor"]:
+        batch = {"input_ids": batch["input_ids"], "sampling_params": batch["sampling_params"]}
+        batch["return_logprob"] = False
+    return batch
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def mark(counts: Path, label: str) -> None:
+    """Ask every live process of the engine (``engine_site``) for its
+    counters, and wait until each has written them."""
+    (counts / "mark.tmp").write_text(label)
+    os.replace(counts / "mark.tmp", counts / "mark")
+    deadline = time.perf_counter() + MARK_TIMEOUT_S
+    while True:
+        pending = [
+            pid
+            for pid in (int(p.stem) for p in counts.glob("*.alive"))
+            if pid != os.getpid()  # it writes its own, at the edges of its calls
+            and _alive(pid)
+            and not (counts / f"{pid}-{label}.json").exists()
+        ]
+        if not pending:
+            return
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"processes {pending} wrote no counters for {label!r}")
+        time.sleep(0.05)
+
+
+def _profile_window(before: dict, after: dict) -> dict:
+    out = {}
+    for label, (calls, cum, own, callees) in after.items():
+        b = before.get(label, [0, 0.0, 0.0, {}])
+        if calls - b[0] <= 0 and own - b[2] <= 1e-6:
+            continue
+        out[label] = [
+            calls - b[0],
+            cum - b[1],
+            own - b[2],
+            {k: v - b[3].get(k, 0.0) for k, v in callees.items() if v - b[3].get(k, 0.0) > 0},
+        ]
+    return out
+
+
+def window(counts: Path, main_pid: int, client_pid: int | None) -> dict:
+    """Per process of the server (by role), what it did between the marks
+    ``before`` and ``after``: CPU seconds, collections per generation, frames
+    and bytes sent, objects pickled by type, and its profile if it ran one."""
+    out: dict[str, dict] = {}
+    for path in sorted(counts.glob("*-before.json")):
+        pid = int(path.name.split("-", 1)[0])
+        after_path = counts / f"{pid}-after.json"
+        if not after_path.exists():
+            continue
+        b, a = json.loads(path.read_text()), json.loads(after_path.read_text())
+        role = a["role"]
+        if role == "main":
+            role = {main_pid: "tokenizer manager", client_pid: "client"}.get(pid, "other")
+        row = out.setdefault(
+            role,
+            {"processes": 0, "cpu_s": 0.0, "gc_collections": [0, 0, 0], "frames": 0, "bytes": 0},
+        )
+        row["processes"] += 1
+        row["cpu_s"] += a["cpu_s"] - b["cpu_s"]
+        for g, (x, y) in enumerate(zip(b["gc_collections"], a["gc_collections"], strict=True)):
+            row["gc_collections"][g] += y - x
+        row["frames"] += a["sent"]["frames"] - b["sent"]["frames"]
+        row["bytes"] += a["sent"]["bytes"] - b["sent"]["bytes"]
+        pickled = row.setdefault("pickled", {})
+        for kind, (n, size, seconds) in a["pickled"].items():
+            n0, size0, seconds0 = b["pickled"].get(kind, [0, 0, 0.0])
+            if n > n0:
+                was = pickled.get(kind, [0, 0, 0.0])
+                pickled[kind] = [
+                    was[0] + n - n0,
+                    was[1] + size - size0,
+                    was[2] + seconds - seconds0,
+                ]
+        if "profile" in a and role in ROLES:
+            row["profile"] = _profile_window(b["profile"], a["profile"])
+    return out
+
+
+def _serve_http(spec: dict, batch: dict, on_warm, on_done) -> tuple[float, list]:
+    """The same calls through ``python -m sglang.launch_server`` and a real
+    HTTP client, one batch ``POST /generate`` a call."""
+    import signal
+
+    from engine import serve as engine_serve
+
+    if "token_ids_logprob" in batch:
+        # The HTTP schema takes no None in a batch's id lists; SGLang reads
+        # an empty list as None.
+        batch = batch | {"token_ids_logprob": [ids or [] for ids in batch["token_ids_logprob"]]}
+    port = engine_serve._free_port()
+    args = engine_serve.engine_args(spec) | {"host": "127.0.0.1", "port": port}
+    started = time.perf_counter()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sglang.launch_server", *engine_serve._cli(args)],
+        start_new_session=True,
+    )
+    results = []
+    try:
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"the server exited ({server.returncode}) before it was up")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                if time.perf_counter() > started + 300:
+                    raise RuntimeError("the server was not up after 300 s") from None
+                time.sleep(0.5)
+        startup_s = time.perf_counter() - started
+        for i in range(spec["calls"]):
+            if i == 1:
+                on_warm()
+            sent = time.perf_counter()
+            outs = engine_serve._post(f"http://127.0.0.1:{port}/generate", batch, timeout=600)
+            seconds = time.perf_counter() - sent
+            results.append({"s": seconds, "answers": outs})
+        on_done(server.pid, os.getpid())
+        for call in results:
+            call["answers"] = [engine_serve.answer(o) for o in call["answers"]]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+    return startup_s, results
+
 
 def serve(spec_path: Path) -> int:
     """One engine: start it, a warm-up call and the timed calls, every call's
-    answers and time written out. Runs in its own process, never imports
-    flatgather (the environment decides whether the engine has it)."""
+    answers and time written out, and what each of its processes did over
+    the timed calls. Runs in its own process, never imports flatgather (the
+    environment decides whether the engine has it)."""
     from engine import serve as engine_serve  # tests/engine/serve.py: args, answers
 
-    workload = engine_serve.workload
     spec = json.loads(spec_path.read_text())
-    reqs = workload.requests(spec["requests"], seed=0, **spec["shape"])
-    calls = [r.as_kwargs() for r in reqs]
-    batch = {key: [c[key] for c in calls] for key in calls[0]}
+    batch = make_batch(spec)
+    counts = Path(os.environ["FLATGATHER_BENCH_COUNTS"])
+    processes: dict = {}
 
-    import sglang
+    import sitecustomize  # engine_site's: this process writes its own snapshots
 
-    started = time.perf_counter()
-    engine = sglang.Engine(**engine_serve.engine_args(spec))
-    startup_s = time.perf_counter() - started
-    results = []
-    try:
-        for _ in range(spec["calls"]):
-            sent = time.perf_counter()
-            outs = engine.generate(**batch)
-            seconds = time.perf_counter() - sent
-            results.append({"s": seconds, "answers": [engine_serve.answer(o) for o in outs]})
-    finally:
-        engine.shutdown()
-    Path(spec["out"]).write_text(json.dumps({"startup_s": startup_s, "calls": results}))
+    sitecustomize.MANUAL = True
+
+    def on_warm() -> None:
+        # After the warm-up call, before the timed ones: the counters'
+        # window is the timed calls alone, this process's exactly.
+        mark(counts, "before")
+        sitecustomize.snapshot("before")
+
+    def on_done(main_pid: int, client_pid: int | None) -> None:
+        sitecustomize.snapshot("after")
+        mark(counts, "after")
+        processes.update(window(counts, main_pid, client_pid))
+
+    if spec["client"] == "http":
+        startup_s, results = _serve_http(spec, batch, on_warm, on_done)
+    else:
+        import sglang
+
+        started = time.perf_counter()
+        engine = sglang.Engine(**engine_serve.engine_args(spec))
+        startup_s = time.perf_counter() - started
+        results = []
+        try:
+            for i in range(spec["calls"]):
+                if i == 1:
+                    on_warm()
+                sent = time.perf_counter()
+                outs = engine.generate(**batch)
+                seconds = time.perf_counter() - sent
+                results.append({"s": seconds, "answers": outs})
+            on_done(os.getpid(), None)
+        finally:
+            engine.shutdown()
+        # Outside the window: in this process, the tokenizer manager's.
+        for call in results:
+            call["answers"] = [engine_serve.answer(o) for o in call["answers"]]
+    out = {"startup_s": startup_s, "calls": results, "processes": processes}
+    Path(spec["out"]).write_text(json.dumps(out))
     return 0
 
 
@@ -252,20 +497,29 @@ def _flatgather_lines(log: str) -> list[str]:
 
 
 class Bench:
-    def __init__(self, work: Path, models: Path, calls: int) -> None:
+    def __init__(self, work: Path, models: Path, args) -> None:
         from engine import harness
 
         self.harness = harness
         self.work = work
         self.target, self.draft = harness.make_models(models)
-        self.calls = calls
-        self.reference: dict[int, tuple[str, list[list]]] = {}
-        """Per size, the first engine's tag and its answers to each call."""
+        self.calls = args.calls
+        self.client = args.client
+        self.shape = args.shape
+        self.reference: dict[tuple[int, str], tuple[str, list[list]]] = {}
+        """Per size and kind of answer (with logprobs, or the floor's), the
+        first engine's tag and its answers to each call."""
+        self.output_ids: dict[int, tuple[str, list[list]]] = {}
+        """Per size, the first engine's output ids to each call: every side's
+        must equal them, the floor's included."""
         self.compared = 0
         self.on_lines: Counter[str] | None = None
 
-    def engine(self, running: int, flatgather: bool, round_: str, profile: bool) -> dict:
-        side = "on" if flatgather else "off"
+    def engine(self, running: int, side: str, round_: str, profile: str | None) -> dict:
+        """One engine of one side; ``profile`` is None (bare), ``"scheduler"``
+        (the engine tests' scheduler profile) or ``"processes"`` (cProfile in
+        every process)."""
+        flatgather = side == "on"
         tag = f"{running}-{round_}-{side}"
         out = self.work / f"{tag}.json"
         spec = {
@@ -274,8 +528,10 @@ class Bench:
             "draft": str(self.draft),
             "out": str(out),
             "requests": running,
-            "shape": REQUESTS_SHAPE,
-            "engine": engine_settings(running),
+            "shape": self.shape,
+            "floor": side == "floor",
+            "client": self.client,
+            "engine": engine_settings(running, self.shape),
             "chunked_prefill_size": 8192,
             "calls": 1 + self.calls,
         }
@@ -284,12 +540,20 @@ class Bench:
         env = self.harness.environment("plain", flatgather, self.work / f"{tag}.trace")
         # Bare timing: none of the harness's instruments (the trace wraps
         # flatgather's functions, on one side only); the profile alone, and
-        # only where asked for.
+        # only where asked for. The bench's own counters (engine_site) run
+        # on every side of every round: a wrapper per message sent, and a
+        # thread that wakes 20 times a second.
         for name in [k for k in env if k.startswith("FLATGATHER_ENGINE_")]:
             del env[name]
+        counts = self.work / f"{tag}.counts"
+        counts.mkdir(parents=True, exist_ok=True)
+        env["PYTHONPATH"] = os.pathsep.join([str(SITE), env["PYTHONPATH"]])
+        env["FLATGATHER_BENCH_COUNTS"] = str(counts)
         profile_path = self.work / f"{tag}.profile.json"
-        if profile:
+        if profile == "scheduler":
             env["FLATGATHER_ENGINE_PROFILE"] = str(profile_path)
+        elif profile == "processes":
+            env["FLATGATHER_BENCH_CPROFILE"] = "1"
         proc = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--serve", str(spec_path)],
             env=env,
@@ -302,13 +566,22 @@ class Bench:
         (self.work / f"{tag}.log").write_text(log)
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join(log.splitlines()[-40:])
-            raise Failed(f"the {side} engine ({tag}) failed ({proc.returncode}):\n{tail}")
+            raise Failed(
+                f"the {SIDE_NAMES[side]} engine ({tag}) failed ({proc.returncode}):\n{tail}"
+            )
         self._check_side(flatgather, tag, _flatgather_lines(log))
         result = json.loads(out.read_text())
-        digests = self._compare(running, tag, [c["answers"] for c in result["calls"]])
+        calls = [c["answers"] for c in result["calls"]]
+        self._compare_ids(running, tag, calls)
+        digests = self._compare(running, "floor" if side == "floor" else "logprobs", tag, calls)
         timed = [c["s"] for c in result["calls"][1:]]
         seconds = statistics.median(timed)
         tokens = sum(int(a["completion_tokens"]) for a in result["calls"][0]["answers"])
+        served = running * self.calls
+        processes = result["processes"]
+        missing = [role for role in ROLES if role not in processes]
+        if missing:
+            raise Failed(f"{tag}: no counters from the {', '.join(missing)}")
         row = {
             "s": seconds,
             "calls_s": [c["s"] for c in result["calls"]],
@@ -316,12 +589,49 @@ class Bench:
             "requests_per_s": running / seconds,
             "tokens_per_s": tokens / seconds,
             "answers_sha256": digests,
+            # Per request served over the timed calls, per process.
+            "per_request": {
+                role: {
+                    "bytes": p["bytes"] / served,
+                    "gc0": p["gc_collections"][0] / served,
+                    "gc": [n / served for n in p["gc_collections"]],
+                    "cpu_ms": 1e3 * p["cpu_s"] / served,
+                    "pickled": {k: v[1] / served for k, v in p.get("pickled", {}).items()},
+                    "pickle_ms": 1e3 * sum(v[2] for v in p.get("pickled", {}).values()) / served,
+                }
+                for role, p in processes.items()
+            },
         }
-        if profile:
+        if profile == "scheduler":
             if not profile_path.exists():
                 raise Failed(f"{tag}: the engine wrote no profile to {profile_path}")
             row |= _profile(json.loads(profile_path.read_text()))
+        elif profile == "processes":
+            row["processes"] = {}
+            for role in ROLES:
+                if "profile" not in processes[role]:
+                    raise Failed(f"{tag}: the {role} wrote no profile")
+                full = processes[role]["profile"]
+                (self.work / f"{tag}.{role.replace(' ', '-')}.cprofile.json").write_text(
+                    json.dumps(full)
+                )
+                row["processes"][role] = process_profile(full, processes[role]["cpu_s"], served)
         return row
+
+    def _compare_ids(self, running: int, tag: str, calls: list[list]) -> None:
+        """The output ids of every call against the first engine's, whatever
+        the side: asking for logprobs must not change what is generated."""
+        ids = [[a["output_ids"] for a in answers] for answers in calls]
+        first, reference = self.output_ids.setdefault(running, (tag, ids))
+        if first == tag:
+            return
+        for i, (got, expected) in enumerate(zip(ids, reference, strict=True)):
+            for j, (a, b) in enumerate(zip(expected, got, strict=True)):
+                if a != b:
+                    raise Failed(
+                        f"{tag}, call {i}, request {j}: output ids {b[:8]}..., "
+                        f"{first} generated {a[:8]}..."
+                    )
 
     def _check_side(self, flatgather: bool, tag: str, lines: list[str]) -> None:
         """Off is off; on is on, every time the same way (its log lines, the
@@ -342,10 +652,11 @@ class Bench:
                 f"{sorted((shape - self.on_lines) + (self.on_lines - shape))[:5]}"
             )
 
-    def _compare(self, running: int, tag: str, calls: list[list]) -> list[str]:
-        """Every call's answers against the first engine's answers to the same
-        call, bit for bit (floats travel as their repr)."""
-        first, reference = self.reference.setdefault(running, (tag, calls))
+    def _compare(self, running: int, kind: str, tag: str, calls: list[list]) -> list[str]:
+        """Every call's answers against the first engine's answers of the
+        same kind to the same call, bit for bit (floats travel as their
+        repr)."""
+        first, reference = self.reference.setdefault((running, kind), (tag, calls))
         if len(calls) != len(reference):
             raise Failed(f"{tag}: {len(calls)} calls, {first} made {len(reference)}")
         for i, (answers, expected) in enumerate(zip(calls, reference, strict=True)):
@@ -379,6 +690,130 @@ def _profile(prof: dict) -> dict:
     }
 
 
+LOGPROB_FUNCTIONS = {
+    # tokenizer manager: the meta_info's logprob fields
+    "convert_logprob_style",
+    "add_logprob_to_meta_info",
+    "detokenize_logprob_tokens",
+    "detokenize_top_logprobs_tokens",
+    "_build_flat_top_logprobs_fields",
+    "_build_flat_top_logprobs_fields_from_arrays",
+    # scheduler: the forward's logprob gathers and the results' processing
+    "_get_pruned_states",
+    "get_top_logprobs",
+    "get_token_ids_logprobs",
+    "get_token_ids_logprobs_chunk",
+    "get_token_ids_logprobs_prefill",
+    "copy_to_cpu",
+    "move_logprobs_to_cpu",
+    "_normalize_decode_outputs",
+    "add_logprob_return_values",
+    "add_input_logprob_return_values",
+}
+"""Functions, by name, of SGLang's (or flatgather's in their place) whose work
+is the logprobs; their time is counted once where one calls another
+directly."""
+STREAM_FUNCTIONS = {"stream_output", "stream_output_generation", "_stream_output_generation"}
+"""The scheduler's output streaming: building the messages to the
+detokenizer (pickling apart)."""
+PICKLE = ("<built-in method _pickle.dumps>", "<built-in method _pickle.loads>")
+WAITS = re.compile(
+    r"^<.*(poll|sleep|select|acquire|wait)"
+    r"|entrypoints/engine\.py:\d+\(generate\)"
+    r"|uvicorn/(main|server)\.py:\d+\((run|serve)\)"
+)
+"""Time that is waiting, not work, left out of the top lists: the blocking
+built-ins, and the code that runs uvloop's loop (its waits are C code inside
+no built-in the profiler sees, so they land in the caller's own time)."""
+STEP_FUNCTIONS = {"run_batch", "process_batch_result"}
+"""The scheduler's step: its shares are of this time, not of its CPU time,
+which holds its idle loop (it spins between batches)."""
+IDLE_FUNCTIONS = {"on_idle"}
+LOOP_FUNCTIONS = {
+    "ingest_requests",
+    "recv_requests",
+    "get_next_batch_to_run",
+    "on_idle",
+    "event_loop_normal",
+    "event_loop_overlap",
+}
+"""The scheduler's event loop's own steps besides the batch's."""
+NOT_LISTED = {"wrapper", "on_idle", "publish_load_snapshot", "get_loads", "is_fully_idle"}
+"""Left out of the top lists: decorators (their time is the function they
+wrap) and the scheduler's idle loop (given apart)."""
+TOP = 6
+
+
+def _name(label: str) -> str | None:
+    """The function name of a profile label of the server's code."""
+    if label.startswith("<") or ("sglang" not in label and "flatgather" not in label):
+        return None
+    return label[label.rfind("(") + 1 : -1]
+
+
+def _short(label: str) -> str:
+    if label.startswith("<"):
+        return label.removeprefix("<built-in method ").removeprefix("<method ").rstrip(">")
+    path, _, rest = label.partition(":")
+    for root in ("sglang/", "flatgather/"):
+        if root in path:
+            path = root + path.rsplit(root, 1)[1]
+            break
+    else:
+        path = Path(path).name
+    return f"{rest[rest.rfind('(') + 1 : -1]} ({path}:{rest[: rest.find('(')]})"
+
+
+def _union_s(profile: dict, names: set[str]) -> float:
+    """The time inside any of the named functions, a call of one by another
+    counted once (direct calls; deeper nesting would count twice)."""
+    members = {label for label in profile if _name(label) in names}
+    total = sum(profile[label][1] for label in members)
+    nested = sum(
+        s
+        for label in members
+        for callee, s in profile[label][3].items()
+        if callee in members and callee != label
+    )
+    return total - nested
+
+
+def process_profile(profile: dict, cpu_s: float, served: int) -> dict:
+    """One process's profile over the timed calls: the shares of its CPU time
+    in the logprob functions, the output streaming and pickling, and its top
+    functions by own time and by time inside (the server's code)."""
+    pickle_s = sum(profile[label][1] for label in PICKLE if label in profile)
+    work = {k: v for k, v in profile.items() if not WAITS.search(k) and _name(k) not in NOT_LISTED}
+    step_s = _union_s(profile, STEP_FUNCTIONS)
+    if step_s > 0:
+        # The scheduler's lists: its step's functions alone (what the step
+        # calls, at any depth), not the idle loop's polling between batches;
+        # a decorator shared by both is crossed, not the loop's own methods.
+        reached = {label for label in profile if _name(label) in STEP_FUNCTIONS}
+        frontier = list(reached)
+        while frontier:
+            for callee in profile.get(frontier.pop(), [0, 0, 0, {}])[3]:
+                if callee not in reached and _name(callee) not in LOOP_FUNCTIONS | NOT_LISTED:
+                    reached.add(callee)
+                    frontier.append(callee)
+        work = {k: v for k, v in work.items() if k in reached}
+    whole = max(step_s if step_s > 0 else cpu_s, 1e-9)
+    by_own = sorted(work, key=lambda k: -work[k][2])[:TOP]
+    by_inside = sorted((k for k in work if _name(k)), key=lambda k: -work[k][1])[:TOP]
+    return {
+        "cpu_ms": 1e3 * cpu_s / served,
+        "of": "step" if step_s > 0 else "cpu",
+        "whole_ms": 1e3 * whole / served,
+        "idle_ms": 1e3 * _union_s(profile, IDLE_FUNCTIONS) / served,
+        "logprob_ms": 1e3 * _union_s(profile, LOGPROB_FUNCTIONS) / served,
+        "logprob_share": _union_s(profile, LOGPROB_FUNCTIONS) / whole,
+        "stream_share": _union_s(profile, STREAM_FUNCTIONS) / whole,
+        "pickle_share": pickle_s / whole,
+        "top_own": [[_short(k), 1e3 * work[k][2] / served] for k in by_own],
+        "top_inside": [[_short(k), 1e3 * work[k][1] / served] for k in by_inside],
+    }
+
+
 # -- the figures --------------------------------------------------------------
 
 
@@ -394,20 +829,19 @@ def interval(ratios: list[float]) -> dict:
     return {"mean": math.exp(mean), "low": low, "high": high, "excludes_one": low > 1 or high < 1}
 
 
-def summarize(rows: list[dict], profiled: list[dict]) -> dict:
+def summarize(rows: list[dict], profiled: list[dict], cprofiled: list[dict]) -> dict:
     ratios = [r["off"]["s"] / r["on"]["s"] for r in rows]
     others = [r["others_cores"] for r in rows if r["others_cores"] is not None]
     own = [r["own_cores"] for r in rows if r["own_cores"] is not None]
+    everything = rows + profiled + cprofiled
     out = {
         # Checked: each call's answers equal the first engine's to that call.
         # Recorded: whether calls agree with one another too (1: one set).
         "distinct_answers": len(
-            {
-                digest
-                for r in rows + profiled
-                for side in ("off", "on")
-                for digest in r[side]["answers_sha256"]
-            }
+            {d for r in everything for side in ("off", "on") for d in r[side]["answers_sha256"]}
+        ),
+        "floor_distinct_answers": len(
+            {d for r in everything for d in r["floor"]["answers_sha256"]}
         ),
         "ratio": interval(ratios),
         "ratios": ratios,
@@ -418,8 +852,20 @@ def summarize(rows: list[dict], profiled: list[dict]) -> dict:
         "own_cores_median": statistics.median(own) if own else None,
     }
     for side in ("off", "on"):
+        # Time with logprobs over time without: 1.0, the logprobs are free.
+        over = [r[side]["s"] / r["floor"]["s"] for r in rows]
+        out[f"{side}_over_floor"] = interval(over)
+        out[f"{side}_over_floor_ratios"] = over
+    for side in SIDES:
         for key in ("requests_per_s", "tokens_per_s"):
             out[f"{side}_{key}"] = statistics.median(r[side][key] for r in rows)
+        out[f"{side}_per_request"] = {
+            role: {
+                key: statistics.median(r[side]["per_request"][role][key] for r in rows)
+                for key in ("bytes", "gc0", "cpu_ms", "pickle_ms")
+            }
+            for role in ROLES
+        }
         if profiled:
             for key in ("replaced_share", "replaced_s", "step_s", "gc_s", "requests_per_s"):
                 out[f"{side}_profiled_{key}"] = statistics.median(r[side][key] for r in profiled)
@@ -427,6 +873,13 @@ def summarize(rows: list[dict], profiled: list[dict]) -> dict:
             # the bare ones' (below 1: the profile slows its side down).
             out[f"{side}_profiled_speed"] = (
                 out[f"{side}_profiled_requests_per_s"] / out[f"{side}_requests_per_s"]
+            )
+        if cprofiled:
+            # The first profiled round's: top lists do not take a median.
+            out[f"{side}_processes"] = cprofiled[0][side]["processes"]
+            out[f"{side}_cprofiled_speed"] = (
+                statistics.median(r[side]["requests_per_s"] for r in cprofiled)
+                / out[f"{side}_requests_per_s"]
             )
     return out
 
@@ -458,52 +911,79 @@ def _plainly(s: dict) -> str:
     return f"this run cannot tell the sides apart: {_fmt_interval(r)} holds 1.0"
 
 
+def _served_by(args) -> str:
+    if args.client == "http":
+        return "`python -m sglang.launch_server`, one batch `POST /generate` a call (`urllib`)"
+    return "`sglang.Engine`, one `Engine.generate` call a batch"
+
+
+def _workload(args) -> str:
+    if args.shape == "echo":
+        return (
+            f"- every request (`--shape echo`, loglikelihood scoring): prompts of "
+            f"{ECHO_LEN[0]}-{ECHO_LEN[1]} tokens, 1 output token, input logprobs from token 0 "
+            "with the top 5, no token ids; all N sent in one call"
+        )
+    return (
+        "- every request: input logprobs from token 0, the top 5, 3 token ids, prompts of "
+        "16-64 tokens, 16-32 output tokens (`ignore_eos`); all N sent in one call"
+    )
+
+
 def markdown(release: str, results: dict, args, command: str, machine: dict) -> str:
     import platform
 
     import torch
 
     lines = [
-        "# A real engine: flatgather off and on",
+        "# A real engine: flatgather off and on, and the floor",
         "",
-        "Generated by the command below (`benches/engine.py`); every ratio compares the two "
-        "sides measured in the same run.",
+        "Generated by the command below (`benches/engine.py`); every ratio compares sides "
+        "measured in the same run.",
         "",
         "```sh",
         command,
         "```",
         "",
-        f"- SGLang {release}, CPU `sglang.Engine`, no speculative decoding (torch-native "
-        f"attention), the tiny random Llama of `tests/engine`; torch {torch.__version__}, "
-        f"Python {platform.python_version()}, {os.cpu_count()} cores, 1 torch thread per process",
-        "- every request: input logprobs from token 0, the top 5, 3 token ids, prompts of "
-        "16-64 tokens, 16-32 output tokens (`ignore_eos`); all N sent in one call",
+        f"- SGLang {release}, CPU server: {_served_by(args)}; no speculative decoding "
+        f"(torch-native attention), the tiny random Llama of `tests/engine`; torch "
+        f"{torch.__version__}, Python {platform.python_version()}, {os.cpu_count()} cores, "
+        "1 torch thread per process",
+        _workload(args),
+        "- **three sides** in every round, the order rotating from round to round: *stock* "
+        "(`FLATGATHER_SGLANG=0`), *flatgather* (`FLATGATHER_SGLANG=1`), and the *floor*: "
+        "stock serving the same prompts with the same output lengths (`ignore_eos`) and no "
+        "logprobs asked for (`return_logprob` false, no top-k, no token ids), what the "
+        "server costs when logprobs cost nothing; no side has a prefix cache "
+        "(`disable_radix_cache`: every call repeats the prompts, which only the floor "
+        "could take from it)",
         f"- **timing:** {machine['rounds']} rounds per size"
         + (
             ""
             if machine["rounds"] == args.rounds
             else f" (of the {args.rounds} asked for: `--max-minutes` stopped it there)"
         )
-        + ", each one engine per side (the order "
-        f"alternating), no profiler and no trace attached; an engine serves one warm-up call, "
-        f"then {args.calls} timed `Engine.generate` calls, and its time is their median. "
-        "A round's ratio is the stock engine's time over flatgather's (above 1: flatgather "
-        "faster); the figure is the geometric mean of the rounds' ratios with its 95% "
-        "t-interval over rounds",
-        f"- **profile:** {args.profile_rounds} more round(s) per size with the scheduler's "
-        "profile attached, after the timing rounds; their throughput over the bare rounds' is "
-        "the profiler's cost",
+        + ", each one engine per side, no profiler and no trace attached (only the bench's "
+        "message and collection counters, on every side alike); an engine serves one "
+        f"warm-up call, then {args.calls} timed calls, and its time is their median. Each "
+        "ratio is a time over another side's time in the same round; a figure is the "
+        "geometric mean of the rounds' ratios with its 95% t-interval over rounds",
+        f"- **profiles:** {args.profile_rounds} round(s) per size with the scheduler's "
+        f"profile and {args.cprofile_rounds} with `cProfile` in every process of the server, "
+        "after the timing rounds and apart from them; their throughput over the bare rounds' "
+        "is the profilers' cost",
         "- **answers:** every call of every engine, warm-up and timed, timing and profiled "
-        "rounds, both sides, was compared bit for bit with the first engine's answers to the "
-        f"same call (the first engine of each size is the reference): {machine['compared']} "
-        "calls, all identical (a difference stops the run); "
+        "rounds, stock and flatgather, was compared bit for bit with the first engine's "
+        "answers to the same call, and the floor's with the first floor engine's; every "
+        "engine's output ids, the floor's included, equal the first engine's "
+        f"({machine['compared']} calls compared, all identical: a difference stops the run); "
         + ", ".join(
-            f"{s['distinct_answers']} distinct set(s) of answers at {n} running"
+            f"{s['distinct_answers']} distinct set(s) of answers with logprobs and "
+            f"{s['floor_distinct_answers']} without at {n} running"
             for n, s in results.items()
         )
-        + " over all calls. No stock engine logged anything "
-        "from flatgather; every flatgather engine logged that it was active, the same lines "
-        "each time",
+        + " over all calls. No stock or floor engine logged anything from flatgather; every "
+        "flatgather engine logged that it was active, the same lines each time",
         f"- **machine:** 1-minute load average {machine['load_before']:.2f} before, "
         f"{machine['load_after']:.2f} after (the bench's own engines included); in cores, "
         "median over timing rounds: "
@@ -520,53 +1000,166 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
         lines += [f"**Warning:** {warning}", ""]
     lines += [
         "**What it says:** "
-        + "; ".join(f"at {n} running requests, {_plainly(s)}" for n, s in results.items())
+        + "; ".join(
+            f"at {n} running requests, {_plainly(s)}; logprobs cost stock "
+            f"{_fmt_interval(s['off_over_floor'])} the floor's time, flatgather "
+            f"{_fmt_interval(s['on_over_floor'])}"
+            for n, s in results.items()
+        )
         + ".",
         "",
-        "| running requests | req/s stock | req/s flatgather "
+        "| running requests | req/s stock | req/s flatgather | req/s floor "
         "| flatgather / stock, geometric mean (95% interval) | rounds flatgather faster "
-        "| the interval | tokens/s stock | tokens/s flatgather |",
-        "|---|---|---|---|---|---|---|---|",
+        "| the interval | stock / floor | flatgather / floor "
+        "| tokens/s stock | tokens/s flatgather |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for running, s in results.items():
         lines.append(
             f"| {running} | {s['off_requests_per_s']:.1f} | {s['on_requests_per_s']:.1f} "
+            f"| {s['floor_requests_per_s']:.1f} "
             f"| {_fmt_interval(s['ratio'])} | {s['on_faster']} of {s['rounds']} "
-            f"| {_verdict(s)} | {s['off_tokens_per_s']:.0f} | {s['on_tokens_per_s']:.0f} |"
+            f"| {_verdict(s)} | {_fmt_interval(s['off_over_floor'])} "
+            f"| {_fmt_interval(s['on_over_floor'])} "
+            f"| {s['off_tokens_per_s']:.0f} | {s['on_tokens_per_s']:.0f} |"
         )
-    lines += ["", "The rounds' ratios, in order:", ""]
+    lines += [
+        "",
+        "- *flatgather / stock*: stock's time over flatgather's; above 1, flatgather is faster.",
+        "- *stock / floor*, *flatgather / floor*: that side's time over the floor's, the "
+        "cost of the logprobs; 1.00 means logprobs are free.",
+        "",
+        "The rounds' ratios, in order (flatgather / stock; stock / floor; flatgather / floor):",
+        "",
+    ]
     for running, s in results.items():
-        lines.append(f"- {running}: " + ", ".join(f"{r:.3f}" for r in s["ratios"]))
+        lines.append(
+            f"- {running}: "
+            + "; ".join(
+                ", ".join(f"{r:.3f}" for r in s[key])
+                for key in ("ratios", "off_over_floor_ratios", "on_over_floor_ratios")
+            )
+        )
+    lines += [
+        "",
+        "**What a request costs each process** (timing rounds, median over rounds, per "
+        "request over the timed calls): the bytes each process sent on its sockets (the "
+        "messages as they went on the wire: the scheduler's outputs, and the detokenizer's; "
+        "the engine runs without a tokenizer (`skip_tokenizer_init`), so the scheduler sends "
+        "its outputs straight to the tokenizer manager and the detokenizer idles), "
+        "the garbage collector's generation-0 collections in each process (one every 700 "
+        "net allocations of container objects, so a count of the Python objects a request "
+        "makes), and each process's CPU time.",
+        "",
+        "| running requests | side | bytes sent: scheduler "
+        "| detokenizer | gen-0 collections: tokenizer manager "
+        "| scheduler | detokenizer | CPU ms: tokenizer manager | scheduler | detokenizer |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for running, s in results.items():
+        for side in SIDES:
+            pr = s[f"{side}_per_request"]
+            lines.append(
+                f"| {running} | {SIDE_NAMES[side]} "
+                f"| {pr['scheduler']['bytes']:,.0f} | {pr['detokenizer']['bytes']:,.0f} "
+                + "".join(f"| {pr[role]['gc0']:.2f} " for role in ROLES)
+                + "".join(f"| {pr[role]['cpu_ms']:.2f} " for role in ROLES)
+                + "|"
+            )
     if args.profile_rounds:
         lines += [
             "",
-            "**The share of step time** (profiled rounds only) is the time the scheduler spent "
+            "**The share of step time** (the scheduler's profile, its rounds only) is the "
+            "time the scheduler spent "
             "inside the functions whose loops flatgather replaces (`_get_pruned_states`, the "
             "token-id and top-k logprob helpers, `copy_to_cpu`, `move_logprobs_to_cpu`, "
             "`_normalize_decode_outputs`), over its `run_batch` plus `process_batch_result` "
             "time, warm-up call included; on each side it is whatever object is in place, the "
             "release's or flatgather's. The garbage collector's pauses are counted on their "
-            "own, not in the function they fall in. The last two columns compare the "
+            "own, not in the function they fall in. The last columns compare the "
             "profiled rounds' throughput with the bare rounds' median: below 1, the profile "
             "slowed its side down (with few profiled rounds, a rough measure).",
             "",
             "| running requests | replaced functions' share of step time, stock "
-            "| same, flatgather | GC pauses, stock | same, flatgather "
-            "| profiled / bare req/s, stock (the profiler's cost) | same, flatgather |",
-            "|---|---|---|---|---|---|---|",
+            "| same, flatgather | same, floor | GC pauses, stock | same, flatgather "
+            "| same, floor | profiled / bare req/s, stock (the profiler's cost) "
+            "| same, flatgather | same, floor |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for running, s in results.items():
             lines.append(
                 f"| {running} "
-                f"| {100 * s['off_profiled_replaced_share']:.1f}% "
-                f"({1e3 * s['off_profiled_replaced_s']:.0f} ms of "
-                f"{1e3 * s['off_profiled_step_s']:.0f}) "
-                f"| {100 * s['on_profiled_replaced_share']:.1f}% "
-                f"({1e3 * s['on_profiled_replaced_s']:.0f} ms of "
-                f"{1e3 * s['on_profiled_step_s']:.0f}) "
-                f"| {1e3 * s['off_profiled_gc_s']:.0f} ms | {1e3 * s['on_profiled_gc_s']:.0f} ms "
-                f"| {s['off_profiled_speed']:.3f} | {s['on_profiled_speed']:.3f} |"
+                + "".join(
+                    f"| {100 * s[f'{side}_profiled_replaced_share']:.1f}% "
+                    f"({1e3 * s[f'{side}_profiled_replaced_s']:.0f} ms of "
+                    f"{1e3 * s[f'{side}_profiled_step_s']:.0f}) "
+                    for side in SIDES
+                )
+                + "".join(f"| {1e3 * s[f'{side}_profiled_gc_s']:.0f} ms " for side in SIDES)
+                + "".join(f"| {s[f'{side}_profiled_speed']:.3f} " for side in SIDES)
+                + "|"
             )
+    if args.cprofile_rounds:
+        lines += [
+            "",
+            "**Every process's profile** (`cProfile` in the main thread of each process of "
+            "the server, its rounds only, the timed calls alone, the first such round; "
+            "the profiler slows Python code most, so the shares lean towards it). Each share "
+            "is of the process's CPU time, the scheduler's of its step (`run_batch` plus "
+            "`process_batch_result`: between batches it spins in its idle loop, `on_idle`, "
+            "given apart): *logprob functions* is the time inside SGLang's "
+            "(or flatgather's, in their place) logprob functions, the tokenizer manager's "
+            "`convert_logprob_style`, `add_logprob_to_meta_info` and `detokenize_*` and the "
+            "scheduler's gathers and `add_*logprob_return_values` (a direct call of one by "
+            "another counted once); *output streaming* the scheduler's `stream_output`; "
+            "*pickling* `pickle.dumps` and `pickle.loads` (the messages between processes).",
+            "",
+            "| running requests | side | process | CPU ms per request (profiled) "
+            "| the share's whole, ms per request | logprob functions, ms (share) "
+            "| output streaming | pickling | idle loop, ms |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for running, s in results.items():
+            for side in SIDES:
+                for role in ROLES:
+                    pp = s[f"{side}_processes"][role]
+                    lines.append(
+                        f"| {running} | {SIDE_NAMES[side]} | {role} | {pp['cpu_ms']:.2f} "
+                        f"| {pp['whole_ms']:.2f} ({'step' if pp['of'] == 'step' else 'CPU'}) "
+                        f"| {pp['logprob_ms']:.2f} ({100 * pp['logprob_share']:.1f}%) "
+                        f"| {100 * pp['stream_share']:.1f}% "
+                        f"| {100 * pp['pickle_share']:.1f}% | {pp['idle_ms']:.2f} |"
+                    )
+        lines += [
+            "",
+            "The profiled rounds' throughput over the bare rounds' (the profiler's cost): "
+            + "; ".join(
+                f"{running} running: "
+                + ", ".join(
+                    f"{SIDE_NAMES[side]} {s[f'{side}_cprofiled_speed']:.3f}" for side in SIDES
+                )
+                for running, s in results.items()
+            )
+            + ".",
+            "",
+            f"The top {TOP} functions of each process, in ms per request: by their own time "
+            "(waits and decorators left out; the scheduler's, among the functions its step "
+            "calls, at any depth, not its idle loop's polling), then by the time inside them "
+            "and their callees (the server's code only); a function the step shares with the "
+            "idle loop (the pool statistics) carries the time of both's calls. A process that "
+            "did nothing in the window (the detokenizer, without a tokenizer) lists nothing.",
+            "",
+        ]
+        for running, s in results.items():
+            for side in SIDES:
+                for role in ROLES:
+                    pp = s[f"{side}_processes"][role]
+                    lines.append(
+                        f"- {running} running, {SIDE_NAMES[side]}, {role}: own: "
+                        + (", ".join(f"`{n}` {ms:.2f}" for n, ms in pp["top_own"]) or "nothing")
+                        + "; inside: "
+                        + (", ".join(f"`{n}` {ms:.2f}" for n, ms in pp["top_inside"]) or "nothing")
+                    )
     return "\n".join(lines) + "\n"
 
 
@@ -594,9 +1187,11 @@ def busy_warnings(load_before: float, results: dict) -> list[str]:
 def progress(running: int, label: str, row: dict) -> None:
     others = row["others_cores"]
     print(
-        f"[{running} running] {label}: stock {row['off']['requests_per_s']:.1f} req/s, "
-        f"flatgather {row['on']['requests_per_s']:.1f} req/s, "
-        f"stock/flatgather time {row['off']['s'] / row['on']['s']:.3f}; "
+        f"[{running} running] {label} ({row['order']}): "
+        + ", ".join(f"{SIDE_NAMES[side]} {row[side]['requests_per_s']:.1f}" for side in SIDES)
+        + f" req/s; stock/flatgather time {row['off']['s'] / row['on']['s']:.3f}, "
+        f"stock/floor {row['off']['s'] / row['floor']['s']:.3f}, "
+        f"flatgather/floor {row['on']['s'] / row['floor']['s']:.3f}; "
         f"other processes {'?' if others is None else f'{others:.2f}'} cores; "
         f"{row['seconds']:.0f} s",
         file=sys.stderr,
@@ -604,25 +1199,32 @@ def progress(running: int, label: str, row: dict) -> None:
     )
 
 
-def run_round(bench: Bench, usage: Usage, running: int, i: int, of: int, profile: bool) -> dict:
-    """One engine per side, the order alternating from round to round."""
+def run_round(
+    bench: Bench, usage: Usage, running: int, i: int, of: int, profile: str | None
+) -> dict:
+    """One engine per side, the order rotating from round to round."""
     started, before = time.perf_counter(), usage.snapshot()
-    first_on = i % 2 == 1
-    row: dict = {"order": "on, off" if first_on else "off, on"}
-    round_ = f"{'profiled' if profile else 'timed'}{i + 1}"
-    for flatgather in (True, False) if first_on else (False, True):
-        row["on" if flatgather else "off"] = bench.engine(running, flatgather, round_, profile)
+    order = SIDES[i % 3 :] + SIDES[: i % 3]
+    row: dict = {"order": ", ".join(SIDE_NAMES[side] for side in order)}
+    kind = {None: "timed", "scheduler": "profiled", "processes": "cprofiled"}[profile]
+    for side in order:
+        row[side] = bench.engine(running, side, f"{kind}{i + 1}", profile)
     after = usage.snapshot()
     row["others_cores"] = others_cores(before, after)
     row["own_cores"] = own_cores(before, after)
     row["seconds"] = time.perf_counter() - started
-    progress(running, f"{'profiled round' if profile else 'round'} {i + 1}/{of}", row)
+    label = {"timed": "round", "profiled": "profiled round", "cprofiled": "cProfile round"}[kind]
+    progress(running, f"{label} {i + 1}/{of}", row)
     return row
 
 
 MIN_ROUNDS = 3
 """Timing rounds run whatever ``--max-minutes`` says: fewer and the interval
 is not worth much."""
+
+PROFILED_WEIGHT = {"scheduler": 1.2, "processes": 2.0}
+"""A profiled round's length in timing rounds, for ``--max-minutes`` (cProfile
+runs through each process's start-up too)."""
 
 
 def measure(bench: Bench, usage: Usage, args) -> tuple[dict, dict, int]:
@@ -634,11 +1236,16 @@ def measure(bench: Bench, usage: Usage, args) -> tuple[dict, dict, int]:
     started = time.perf_counter()
     timing: dict[int, list] = {n: [] for n in args.running}
     profiled: dict[int, list] = {n: [] for n in args.running}
+    cprofiled: dict[int, list] = {n: [] for n in args.running}
+    after = (
+        PROFILED_WEIGHT["scheduler"] * args.profile_rounds
+        + PROFILED_WEIGHT["processes"] * args.cprofile_rounds
+    )
     done = 0
     for i in range(args.rounds):
         if args.max_minutes and i >= MIN_ROUNDS:
             spent = time.perf_counter() - started
-            if spent + spent / i * (1 + args.profile_rounds) > 60 * args.max_minutes:
+            if spent + spent / i * (1 + after) > 60 * args.max_minutes:
                 print(
                     f"stopping after {i} of {args.rounds} timing rounds: "
                     f"--max-minutes {args.max_minutes:g}",
@@ -647,18 +1254,31 @@ def measure(bench: Bench, usage: Usage, args) -> tuple[dict, dict, int]:
                 )
                 break
         for running in args.running:
-            timing[running].append(run_round(bench, usage, running, i, args.rounds, False))
+            timing[running].append(run_round(bench, usage, running, i, args.rounds, None))
         done = i + 1
     for i in range(args.profile_rounds):
         for running in args.running:
-            profiled[running].append(run_round(bench, usage, running, i, args.profile_rounds, True))
+            profiled[running].append(
+                run_round(bench, usage, running, i, args.profile_rounds, "scheduler")
+            )
+    for i in range(args.cprofile_rounds):
+        for running in args.running:
+            cprofiled[running].append(
+                run_round(bench, usage, running, i, args.cprofile_rounds, "processes")
+            )
     results, raw = {}, {}
     for running in args.running:
-        results[running] = summarize(timing[running], profiled[running])
-        raw[running] = {"timing": timing[running], "profiled": profiled[running]}
+        results[running] = summarize(timing[running], profiled[running], cprofiled[running])
+        raw[running] = {
+            "timing": timing[running],
+            "profiled": profiled[running],
+            "cprofiled": cprofiled[running],
+        }
+        s = results[running]
         print(
-            f"[{running} running] flatgather / stock {_fmt_interval(results[running]['ratio'])}: "
-            f"{_verdict(results[running])}",
+            f"[{running} running] flatgather / stock {_fmt_interval(s['ratio'])}: "
+            f"{_verdict(s)}; stock / floor {_fmt_interval(s['off_over_floor'])}, "
+            f"flatgather / floor {_fmt_interval(s['on_over_floor'])}",
             file=sys.stderr,
             flush=True,
         )
@@ -675,7 +1295,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="timing rounds per size")
     parser.add_argument("--calls", type=int, default=5, help="timed calls per engine")
     parser.add_argument(
-        "--profile-rounds", type=int, default=1, help="profiled rounds per size, apart"
+        "--profile-rounds",
+        type=int,
+        default=1,
+        help="rounds per size with the scheduler's profile, apart",
+    )
+    parser.add_argument(
+        "--cprofile-rounds",
+        type=int,
+        default=1,
+        help="rounds per size with cProfile in every process of the server, apart",
+    )
+    parser.add_argument(
+        "--client",
+        choices=("engine", "http"),
+        default="engine",
+        help="engine: sglang.Engine in the process; http: python -m sglang.launch_server "
+        "and one POST /generate a call",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=("logprobs", "echo"),
+        default="logprobs",
+        help="logprobs: 16-64-token prompts, 16-32 output tokens; echo: 100-300-token "
+        "prompts, 1 output token (loglikelihood scoring)",
     )
     parser.add_argument(
         "--max-minutes",
@@ -689,8 +1332,11 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", type=Path, help="keep every engine's spec, answers and log here"
     )
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.calls < 1 or args.profile_rounds < 0:
-        parser.error("--rounds and --calls must be 1 or more, --profile-rounds 0 or more")
+    if args.rounds < 1 or args.calls < 1 or min(args.profile_rounds, args.cprofile_rounds) < 0:
+        parser.error(
+            "--rounds and --calls must be 1 or more, --profile-rounds and --cprofile-rounds "
+            "0 or more"
+        )
 
     release_dir = ROOT / ".sglang" / args.release
     if os.environ.get("FLATGATHER_BENCH_CHILD") != "1":
@@ -706,7 +1352,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="fg-engine-bench-") as tmp, Usage() as usage:
         work = Path(tmp) if args.workdir is None else args.workdir.resolve()
         work.mkdir(parents=True, exist_ok=True)
-        bench = Bench(work, work / "models", args.calls)
+        bench = Bench(work, work / "models", args)
         try:
             results, raw, rounds = measure(bench, usage, args)
         except Failed as exc:
@@ -715,6 +1361,12 @@ def main(argv: list[str] | None = None) -> int:
         compared, on_lines = bench.compared, sorted((bench.on_lines or Counter()).elements())
     load_after = os.getloadavg()[0]
     warnings = busy_warnings(load_before, results)
+    minutes = (time.perf_counter() - started) / 60
+    if args.max_minutes and minutes > args.max_minutes:
+        warnings.append(
+            f"the run took {minutes:.0f} minutes, past `--max-minutes {args.max_minutes:g}`: "
+            f"the first {MIN_ROUNDS} timing rounds and the profiled rounds run whatever it says"
+        )
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     machine = {
@@ -724,7 +1376,7 @@ def main(argv: list[str] | None = None) -> int:
         "compared": compared,
         "flatgather_log": on_lines,
         "warnings": warnings,
-        "minutes": (time.perf_counter() - started) / 60,
+        "minutes": minutes,
     }
     table = markdown(args.release, results, args, command, machine)
     print(table)

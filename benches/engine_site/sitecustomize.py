@@ -1,0 +1,239 @@
+"""The engine bench's additions to every process of a served engine: what a
+message costs and where each process spends its time, read between two marks.
+
+``benches/engine.py`` puts this directory first on the ``PYTHONPATH`` of the
+engines it starts, so Python imports this module, not the engine tests' own
+``sitecustomize`` (``tests/engine/site``, further down the path): this module
+runs that one first, so every engine process still gets the tests' additions
+(the tree-mask fix, their scheduler profile), unchanged.
+
+With ``FLATGATHER_BENCH_COUNTS`` naming a directory, each process:
+
+- counts what it sends on a ZeroMQ socket: the frames and their bytes (the
+  messages as they go on the wire, whatever the codec), and, for the objects
+  sent with ``send_pyobj`` (the release's pickle IPC), their type, count,
+  pickled bytes and the seconds spent pickling them;
+- registers itself (``<pid>.alive``) and watches ``<dir>/mark`` from a daemon
+  thread: each time the mark file names a new label, it writes
+  ``<pid>-<label>.json``, its counters at that moment: the counts above, its
+  CPU seconds, the garbage collector's collections per generation, and which
+  of the server's processes it is (told by the function at the bottom of its
+  main thread's stack: the scheduler's and the detokenizer's entry points).
+
+The bench writes the mark before and after the calls it measures and reads
+the differences, so start-up and shutdown never count.
+
+With ``FLATGATHER_BENCH_CPROFILE=1`` as well, ``cProfile`` runs in the main
+thread of every process from its start, and each snapshot carries the
+profile's totals per function; the bench subtracts the two snapshots. The
+profile is read with ``getstats()``, never stopped or cleared, with the
+collector held off while it is read (nothing in the reading thread lets the
+main thread run meanwhile).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _chain() -> None:
+    """Run the next ``sitecustomize`` on the path (the engine tests')."""
+    import importlib.util
+
+    for entry in sys.path:
+        if not entry or os.path.abspath(entry) == HERE:
+            continue
+        path = os.path.join(entry, "sitecustomize.py")
+        if os.path.isfile(path):
+            spec = importlib.util.spec_from_file_location("_engine_tests_sitecustomize", path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+            return
+
+
+_chain()
+
+COUNTS = os.environ.get("FLATGATHER_BENCH_COUNTS")
+CPROFILE = os.environ.get("FLATGATHER_BENCH_CPROFILE") == "1"
+POLL_S = 0.05
+
+ROLES = {
+    # The function at the bottom of a spawned process's main thread, in the
+    # releases' own names.
+    "run_scheduler_process": "scheduler",
+    "run_scheduler_process_with_init_pipe": "scheduler",
+    "run_detokenizer_process": "detokenizer",
+}
+
+_sent = {"frames": 0, "bytes": 0}
+_pickled: dict[str, list] = {}
+"""Type name -> [objects, pickled bytes, seconds pickling]."""
+_profiler = None
+MANUAL = False
+"""Set by a process that writes its own snapshots (the bench's client, at the
+exact edges of its calls) rather than leave them to the watching thread."""
+
+
+def _size(data) -> int:
+    try:
+        return memoryview(data).nbytes
+    except TypeError:
+        try:
+            return len(data)
+        except TypeError:
+            return 0
+
+
+def _wrap_zmq() -> None:
+    import pickle
+    import time
+
+    import zmq
+
+    cls = zmq.Socket
+    send = cls.send
+    clock = time.perf_counter
+
+    def counted_send(self, data, *args, **kwargs):
+        _sent["frames"] += 1
+        _sent["bytes"] += _size(data)
+        return send(self, data, *args, **kwargs)
+
+    def counted_send_pyobj(self, obj, flags=0, protocol=pickle.DEFAULT_PROTOCOL, **kwargs):
+        # pyzmq's own send_pyobj, with the pickling timed and its size kept.
+        started = clock()
+        msg = pickle.dumps(obj, protocol)
+        seconds = clock() - started
+        entry = _pickled.setdefault(type(obj).__name__, [0, 0, 0.0])
+        entry[0] += 1
+        entry[1] += len(msg)
+        entry[2] += seconds
+        return self.send(msg, flags=flags, **kwargs)
+
+    cls.send = counted_send
+    cls.send_pyobj = counted_send_pyobj
+
+
+def _role() -> str:
+    import threading
+
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        role = ROLES.get(frame.f_code.co_name)
+        if role:
+            return role
+        frame = frame.f_back
+    return "main"
+
+
+def _label(code) -> str:
+    if isinstance(code, str):
+        return code
+    return f"{code.co_filename}:{code.co_firstlineno}({code.co_name})"
+
+
+def _profile_totals() -> dict:
+    """Per function: [calls, seconds inside it and its callees, seconds in
+    its own code, {callee: seconds under this function}] (callees only for
+    code of the server's packages: what the bench uses to tell nesting)."""
+    import gc
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        stats = _profiler.getstats()
+    finally:
+        if enabled:
+            gc.enable()
+    out = {}
+    for entry in stats:
+        label = _label(entry.code)
+        callees = {}
+        if not isinstance(entry.code, str) and ("sglang" in label or "flatgather" in label):
+            callees = {_label(sub.code): sub.totaltime for sub in entry.calls or ()}
+        out[label] = [entry.callcount, entry.totaltime, entry.inlinetime, callees]
+    return out
+
+
+def _counters() -> dict:
+    import gc
+
+    times = os.times()
+    return {
+        "cpu_s": times.user + times.system,
+        "gc_collections": [g["collections"] for g in gc.get_stats()],
+        "sent": dict(_sent),
+        "pickled": {k: list(v) for k, v in _pickled.items()},
+    }
+
+
+def snapshot(label: str) -> None:
+    """Write this process's counters under ``label``. Reading the profile
+    costs CPU time and allocations of its own: it is read before the
+    counters at the window's start and after them at its end, so that cost
+    stays outside the window."""
+    import json
+    import threading
+
+    # Called in the profiled thread (the bench's client writes its own
+    # snapshots): the snapshot is no part of the profile.
+    paused = _profiler is not None and threading.current_thread() is threading.main_thread()
+    if paused:
+        _profiler.disable()
+    data = {"pid": os.getpid(), "role": _role()}
+    if _profiler is not None and label == "before":
+        data["profile"] = _profile_totals()
+    data |= _counters()
+    if _profiler is not None and label != "before":
+        data["profile"] = _profile_totals()
+    path = os.path.join(COUNTS, f"{os.getpid()}-{label}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f)
+    os.replace(path + ".tmp", path)
+    if paused:
+        _profiler.enable()
+
+
+def _watch() -> None:
+    import time
+
+    mark = os.path.join(COUNTS, "mark")
+    seen = None
+    while True:
+        time.sleep(POLL_S)
+        try:
+            with open(mark) as f:
+                label = f.read().strip()
+        except OSError:
+            continue
+        if label and label != seen:
+            seen = label
+            if MANUAL:
+                continue
+            try:
+                snapshot(label)
+            except Exception as exc:  # the bench reports the missing snapshot
+                print(f"[engine bench] snapshot {label} failed: {exc!r}", file=sys.stderr)
+
+
+def _start() -> None:
+    global _profiler
+    import threading
+
+    _wrap_zmq()
+    with open(os.path.join(COUNTS, f"{os.getpid()}.alive"), "w"):
+        pass
+    threading.Thread(target=_watch, name="engine-bench-counts", daemon=True).start()
+    if CPROFILE:
+        import cProfile
+
+        _profiler = cProfile.Profile()
+        _profiler.enable()
+
+
+if COUNTS:
+    _start()
