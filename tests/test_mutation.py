@@ -105,7 +105,8 @@ def test_the_oracle_runs_the_unchanged_function(name, tmp_path):
     # Unchanged, it is the release: no input may tell them apart (the
     # control of the kill rate).
     assert record.distinguished is False, record
-    assert record.compared == 20 and record.raised == 0, record
+    assert record.compared == 20, record
+    assert record.raised < record.compared if target.release_raises else record.raised == 0, record
     if record.verdict == "refused":
         left_stock(f"the release's {name} ({record.detail})")
     assert record.verdict == "patched, not distinguished", record
