@@ -24,11 +24,26 @@ import os
 import pytest
 from conftest import RELEASE, ROW
 from engine import harness
+from flatgather.sglang.patches import front_end
+from flatgather.sglang.patches.front_end import runtime
 from test_engine import _chunked, assert_flatgather_answered, assert_flatgather_off
 
 pytestmark = pytest.mark.engine
 
 SCENARIO = "front-end"
+FRONT_MARKERS = {
+    f"{front_end.FRONT_END}: {front_end.MODULES[0]}.{front_end.OWNER}.{fn}"
+    for fn in (runtime.ONE, runtime.TOP)
+}
+"""The front end's replacements, as the trace names them."""
+
+
+def assert_front_end_answered(flat: harness.Served) -> None:
+    """Both replacements of the front end answered (returned without handing
+    the call to the release's function) in the tokenizer manager's loop, in
+    the server's own process and nowhere else."""
+    assert set(flat.front) == FRONT_MARKERS, flat.front
+    assert flat.front_pids == {flat.main_pid}, (flat.front_pids, flat.main_pid)
 
 
 def _runs() -> None:
@@ -80,6 +95,7 @@ def test_the_server_s_responses_are_the_same_bytes_with_flatgather_on(
     # The server's own process, where the front end runs, had flatgather.
     assert flat.main_pid in harness.active_pids(flat.flatgather_lines), flat.flatgather_lines
     assert any(r.pid == flat.main_pid for r in flat.reports), flat.reports
+    assert_front_end_answered(flat)
     events = _assert_same(stock_server, flat)
     print(f"SGLang {RELEASE}: {len(flat.answers)} responses and {events} stream events equal")
 
@@ -95,6 +111,7 @@ def test_a_stock_front_end_over_a_patched_scheduler_answers_the_same(
     assert split.main_pid is not None and split.main_pid not in active, (split.main_pid, active)
     assert split.main_pid not in split.applied, split.applied
     assert all(r.pid != split.main_pid for r in split.reports), split.reports
+    assert not split.front, split.front
     assert split.answered_pids and split.answered_pids <= active, (split.answered_pids, active)
     assert_flatgather_answered(split, "http")
     _assert_same(stock_server, split)
@@ -109,6 +126,7 @@ def test_engine_generate_returns_the_same_objects_with_flatgather_on(tmp_path, m
     assert_flatgather_off(stock)
     assert_flatgather_answered(flat, "http")
     assert flat.main_pid in harness.active_pids(flat.flatgather_lines), flat.flatgather_lines
+    assert_front_end_answered(flat)
     # Text came back where it was asked for (a str per token), None where not.
     texts = {a["name"]: "None)" not in a["output_token_logprobs"] for a in stock.answers}
     assert texts == {n: not n.startswith("batch, no text") for n in texts}, stock.answers

@@ -62,6 +62,10 @@ class Served:
     events: Counter = field(default_factory=Counter)
     """How many times each event of the trace happened (both sides)."""
     answered_pids: set[int] = field(default_factory=set)
+    front: list[str] = field(default_factory=list)
+    """The markers of the replacements that answered in the front end's loop
+    (the tokenizer manager's, in the server's own process)."""
+    front_pids: set[int] = field(default_factory=set)
     main_pid: int | None = None
     """The process that served the client (the front-end scenario): the
     server's ``launch_server`` process, or the one that ran the engine."""
@@ -84,6 +88,8 @@ def read_trace(path: Path) -> dict:
         "handed": [],
         "events": Counter(),
         "answered_pids": set(),
+        "front": [],
+        "front_pids": set(),
     }
     lines = path.read_text().splitlines() if path.exists() else []
     for line in lines:
@@ -97,6 +103,9 @@ def read_trace(path: Path) -> dict:
             patch, module, state, notes, vouched = values
             notes, vouched = tuple(json.loads(notes)), tuple(json.loads(vouched))
             fields["reports"].append(Report(patch, module, state, notes, vouched, int(pid)))
+        elif kind == "front":
+            fields["front"].append(values[0])
+            fields["front_pids"].add(int(pid))
         elif kind == "handed":
             fields["handed"].append(values[0])
         elif kind == "untracked":

@@ -44,6 +44,9 @@ The trace, one line a record, ``<kind>\t<fields>...\t<pid>``:
 * ``handed``: a marker, the first time its replacement handed a call in the
   event loop to the release's code (diagnostics: a replacement that never
   answered was called, or not);
+* ``front``: as ``answered``, for a replacement called in the front end's
+  loop (the tokenizer manager's ``handle_loop``, in the server's own process:
+  the front end's logprob tuples), which the scheduler's trace keeps apart;
 * ``untracked``: a replacement this module did not know how to watch (the
   test fails on it);
 * ``event``: one line per occurrence, on both sides: ``retracted in flight``
@@ -102,15 +105,23 @@ def _write(*fields) -> None:
 _seen: set[tuple[str, str]] = set()
 
 
-def _serving() -> bool:
-    """Whether the scheduler's event loop (``Scheduler.event_loop_*``, the
-    same name in every release) is on the stack."""
+FRONT = "front"
+
+
+def _serving() -> str | None:
+    """``"answered"`` where the scheduler's event loop
+    (``Scheduler.event_loop_*``, the same name in every release) is on the
+    stack, :data:`FRONT` where the tokenizer manager's ``handle_loop`` is
+    (an awaited coroutine's frame links back to its awaiter's), else None."""
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_code.co_name.startswith("event_loop"):
-            return True
+        name = frame.f_code.co_name
+        if name.startswith("event_loop"):
+            return "answered"
+        if name == "handle_loop":
+            return FRONT
         frame = frame.f_back
-    return False
+    return None
 
 
 HANDED = "handed"
@@ -119,7 +130,14 @@ release's code answered: why a marker is missing, where one is."""
 
 
 def mark(marker: str | None, kind: str = "answered") -> None:
-    if marker is None or (kind, marker) in _seen or not _serving():
+    loop = _serving() if marker is not None else None
+    if loop is None:
+        return
+    if loop == FRONT:
+        if kind != "answered":
+            return  # the front end's fallbacks are not traced
+        kind = FRONT
+    if (kind, marker) in _seen:
         return
     _seen.add((kind, marker))
     _write(kind, marker)
