@@ -150,9 +150,9 @@ def echo_requests(n: int, seed: int = 0) -> list:
     with the top 5."""
     import random
 
-    from engine.models import VOCAB
-    from engine.workload import Request
+    from engine import serve as engine_serve  # puts tests/engine on the path
 
+    VOCAB, Request = engine_serve.workload.VOCAB, engine_serve.workload.Request
     rng = random.Random(seed)
     return [
         Request(
@@ -171,8 +171,9 @@ def echo_requests(n: int, seed: int = 0) -> list:
 def make_batch(spec: dict) -> dict:
     """One ``generate`` call's batch: the shape's requests, or, for the floor,
     the same prompts and output lengths with no logprobs asked for."""
-    from engine import workload
+    from engine import serve as engine_serve  # puts tests/engine on the path
 
+    workload = engine_serve.workload
     if spec["shape"] == "echo":
         reqs = echo_requests(spec["requests"])
     else:
@@ -755,7 +756,7 @@ def _short(label: str) -> str:
     if label.startswith("<"):
         return label.removeprefix("<built-in method ").removeprefix("<method ").rstrip(">")
     path, _, rest = label.partition(":")
-    for root in ("sglang/", "flatgather/"):
+    for root in ("flatgather/", "sglang/"):  # flatgather's own sglang/ package inside
         if root in path:
             path = root + path.rsplit(root, 1)[1]
             break
