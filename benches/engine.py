@@ -186,6 +186,8 @@ def make_batch(spec: dict) -> dict:
     if spec["floor"]:
         batch = {"input_ids": batch["input_ids"], "sampling_params": batch["sampling_params"]}
         batch["return_logprob"] = False
+    elif spec.get("texts"):
+        batch["return_text_in_logprobs"] = True
     return batch
 
 
@@ -507,6 +509,7 @@ class Bench:
         self.calls = args.calls
         self.client = args.client
         self.shape = args.shape
+        self.texts = args.texts
         self.reference: dict[tuple[int, str], tuple[str, list[list]]] = {}
         """Per size and kind of answer (with logprobs, or the floor's), the
         first engine's tag and its answers to each call."""
@@ -532,7 +535,10 @@ class Bench:
             "shape": self.shape,
             "floor": side == "floor",
             "client": self.client,
-            "engine": engine_settings(running, self.shape),
+            "engine": engine_settings(running, self.shape)
+            # With texts the server loads the tests' tokenizer, on every side.
+            | ({"skip_tokenizer_init": False} if self.texts else {}),
+            "texts": self.texts,
             "chunked_prefill_size": 8192,
             "calls": 1 + self.calls,
         }
@@ -919,6 +925,16 @@ def _served_by(args) -> str:
 
 
 def _workload(args) -> str:
+    texts = (
+        "; every side loads the engine tests' byte-level tokenizer, and each request with "
+        "logprobs asks for every token's text (`return_text_in_logprobs`)"
+        if args.texts
+        else ""
+    )
+    return _shape_words(args) + texts
+
+
+def _shape_words(args) -> str:
     if args.shape == "echo":
         return (
             f"- every request (`--shape echo`, loglikelihood scoring): prompts of "
@@ -1046,9 +1062,13 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
         "**What a request costs each process** (timing rounds, median over rounds, per "
         "request over the timed calls): the bytes each process sent on its sockets (the "
         "messages as they went on the wire: the scheduler's outputs, and the detokenizer's; "
-        "the engine runs without a tokenizer (`skip_tokenizer_init`), so the scheduler sends "
-        "its outputs straight to the tokenizer manager and the detokenizer idles), "
-        "the garbage collector's generation-0 collections in each process (one every 700 "
+        + (
+            "with a tokenizer, the scheduler's outputs go through the detokenizer), "
+            if args.texts
+            else "the engine runs without a tokenizer (`skip_tokenizer_init`), so the scheduler "
+            "sends its outputs straight to the tokenizer manager and the detokenizer idles), "
+        )
+        + "the garbage collector's generation-0 collections in each process (one every 700 "
         "net allocations of container objects, so a count of the Python objects a request "
         "makes), and each process's CPU time.",
         "",
@@ -1322,6 +1342,12 @@ def main(argv: list[str] | None = None) -> int:
         "prompts, 1 output token (loglikelihood scoring)",
     )
     parser.add_argument(
+        "--texts",
+        action="store_true",
+        help="with --client http: every side loads the tests' byte-level tokenizer, and the "
+        "requests with logprobs ask for each token's text (return_text_in_logprobs)",
+    )
+    parser.add_argument(
         "--max-minutes",
         type=float,
         help=f"past the first {MIN_ROUNDS} timing rounds, start none that would likely end the "
@@ -1333,6 +1359,10 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", type=Path, help="keep every engine's spec, answers and log here"
     )
     args = parser.parse_args(argv)
+    if args.texts and args.client != "http":
+        parser.error(
+            "--texts needs --client http (Engine.generate takes no return_text_in_logprobs)"
+        )
     if args.rounds < 1 or args.calls < 1 or min(args.profile_rounds, args.cprofile_rounds) < 0:
         parser.error(
             "--rounds and --calls must be 1 or more, --profile-rounds and --cprofile-rounds "
