@@ -126,7 +126,7 @@ def positions(draw):
 def test_the_top_function_answers_as_the_release(tokenizer, call, text, fresh):
     installed()
     if fresh:
-        runtime._CACHES.clear()
+        runtime.forget_texts()
     stock, patched = managers(tokenizer)
     vals, idxs = call
     with Counting() as counting:
@@ -156,7 +156,7 @@ def test_the_one_position_function_answers_as_the_release(tokenizer, vals, extra
 @pytest.mark.matrix
 def test_ids_decoded_once_are_not_decoded_again(tokenizer):
     installed()
-    runtime._CACHES.clear()
+    runtime.forget_texts()
     _, patched = managers(tokenizer)
     vals, idxs = [[-1.0, -2.0]] * 3, [[5, 6], [6, 7], [5, 7]]
     with Counting() as counting:

@@ -41,7 +41,7 @@ import sys
 import weakref
 from collections.abc import Callable
 
-__all__ = ["ONE", "TOP", "Texts", "make_one", "make_top", "texts_of"]
+__all__ = ["ONE", "TOP", "Texts", "forget_texts", "make_one", "make_top", "texts_of"]
 
 ONE = "detokenize_logprob_tokens"
 TOP = "detokenize_top_logprobs_tokens"
@@ -108,6 +108,12 @@ def texts_of(tokenizer) -> Callable[[list], list | None] | None:
         entry = (ref, {})
         _CACHES[key] = entry
     return cached_texts(tokenizer, entry[1])
+
+
+def forget_texts() -> None:
+    """Drop every tokenizer's decoded texts (they are decoded again when
+    next asked for)."""
+    _CACHES.clear()
 
 
 def _without_texts(vals, ids) -> list:
