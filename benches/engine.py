@@ -66,7 +66,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -277,51 +276,27 @@ def window(counts: Path, main_pid: int, client_pid: int | None) -> dict:
 def _serve_http(spec: dict, batch: dict, on_warm, on_done) -> tuple[float, list]:
     """The same calls through ``python -m sglang.launch_server`` and a real
     HTTP client, one batch ``POST /generate`` a call."""
-    import signal
-
     from engine import serve as engine_serve
 
     if "token_ids_logprob" in batch:
         # The HTTP schema takes no None in a batch's id lists; SGLang reads
         # an empty list as None.
         batch = batch | {"token_ids_logprob": [ids or [] for ids in batch["token_ids_logprob"]]}
-    port = engine_serve._free_port()
-    args = engine_serve.engine_args(spec) | {"host": "127.0.0.1", "port": port}
-    started = time.perf_counter()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "sglang.launch_server", *engine_serve._cli(args)],
-        start_new_session=True,
-    )
+    server, port, startup_s = engine_serve.start_server(engine_serve.engine_args(spec))
     results = []
     try:
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"the server exited ({server.returncode}) before it was up")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    break
-            except OSError:
-                if time.perf_counter() > started + 300:
-                    raise RuntimeError("the server was not up after 300 s") from None
-                time.sleep(0.5)
-        startup_s = time.perf_counter() - started
         for i in range(spec["calls"]):
             if i == 1:
                 on_warm()
             sent = time.perf_counter()
-            outs = engine_serve._post(f"http://127.0.0.1:{port}/generate", batch, timeout=600)
+            outs = engine_serve.post_json(f"http://127.0.0.1:{port}/generate", batch, timeout=600)
             seconds = time.perf_counter() - sent
             results.append({"s": seconds, "answers": outs})
         on_done(server.pid, os.getpid())
         for call in results:
             call["answers"] = [engine_serve.answer(o) for o in call["answers"]]
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        engine_serve.stop_server(server)
     return startup_s, results
 
 

@@ -142,7 +142,7 @@ def _cli(args: dict) -> list[str]:
     return out
 
 
-def _post(url: str, body: dict, timeout: float):
+def post_json(url: str, body: dict, timeout: float):
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
@@ -159,35 +159,13 @@ def serve_http(spec: dict, batch: dict) -> tuple[list, float, float]:
     # The HTTP schema takes no None in a batch's id lists; SGLang reads an
     # empty list as None.
     batch = batch | {"token_ids_logprob": [ids or [] for ids in batch["token_ids_logprob"]]}
-    port = _free_port()
-    args = engine_args(spec) | {"host": "127.0.0.1", "port": port}
-    started = time.perf_counter()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "sglang.launch_server", *_cli(args)], start_new_session=True
-    )
+    server, port, up = start_server(engine_args(spec))
     try:
-        deadline = started + 300
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"the server exited ({server.returncode}) before it was up")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    break
-            except OSError:
-                if time.perf_counter() > deadline:
-                    raise RuntimeError("the server was not up after 300 s") from None
-                time.sleep(0.5)
-        up = time.perf_counter() - started
         sent = time.perf_counter()
-        outs = _post(f"http://127.0.0.1:{port}/generate", batch, timeout=600)
+        outs = post_json(f"http://127.0.0.1:{port}/generate", batch, timeout=600)
         serve_s = time.perf_counter() - sent
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_server(server)
     return outs, up, serve_s
 
 
@@ -200,7 +178,7 @@ SPLIT = (
 )
 
 
-def _start_server(args: dict, split: bool) -> tuple[subprocess.Popen, int, float]:
+def start_server(args: dict, split: bool = False) -> tuple[subprocess.Popen, int, float]:
     """``python -m sglang.launch_server`` on a free loopback port, up and
     healthy; with ``split``, the same module run by a wrapper that turns
     flatgather on for its spawned processes only.
@@ -208,7 +186,8 @@ def _start_server(args: dict, split: bool) -> tuple[subprocess.Popen, int, float
     The port is free when picked, not when the server binds it: another
     server on the machine can take it in between, answer the health check,
     and ours then fails to bind. So the server that answers must serve our
-    model (``/model_info``) and ours must still run; if not, another port."""
+    model (``/model_info``) and ours must still run; if not, another port.
+    Returns the server, its port and the seconds it took to come up."""
     command = ["-c", SPLIT] if split else ["-m", "sglang.launch_server"]
     started = time.perf_counter()
     for _ in range(3):
@@ -217,7 +196,7 @@ def _start_server(args: dict, split: bool) -> tuple[subprocess.Popen, int, float
         server = subprocess.Popen([sys.executable, *command, *cli], start_new_session=True)
         if _up(server, port, args["model_path"], started + 300):
             return server, port, time.perf_counter() - started
-        _stop(server)
+        stop_server(server)
     raise RuntimeError("no server of ours came up on three ports")
 
 
@@ -243,7 +222,8 @@ def _up(server: subprocess.Popen, port: int, model: str, deadline: float) -> boo
             time.sleep(0.5)
 
 
-def _stop(server: subprocess.Popen) -> None:
+def stop_server(server: subprocess.Popen) -> None:
+    """Stop the server and every process it started."""
     os.killpg(server.pid, signal.SIGTERM)
     try:
         server.wait(timeout=30)
@@ -270,7 +250,7 @@ def serve_front_end(spec: dict) -> tuple[list, float, float, int]:
     """The front-end calls, one after the other (never two at once: the
     batches the scheduler forms, and so the floats, are then the same on
     both sides), against one server."""
-    server, port, up = _start_server(engine_args(spec), spec.get("split", False))
+    server, port, up = start_server(engine_args(spec), spec.get("split", False))
     try:
         sent = time.perf_counter()
         outs = [
@@ -281,7 +261,7 @@ def serve_front_end(spec: dict) -> tuple[list, float, float, int]:
         if server.poll() is not None:
             raise RuntimeError(f"the server exited ({server.returncode}) while serving")
     finally:
-        _stop(server)
+        stop_server(server)
     return outs, up, serve_s, server.pid
 
 
