@@ -49,7 +49,7 @@ FRONT_END = "front-end-logprobs"
 """The name of this patch in the install report."""
 
 
-class FrontEnd(Patch[types.FunctionType, tuple[Callable, Answered, dict]]):
+class FrontEnd(Patch[types.FunctionType, tuple[Callable, Answered, dict, Callable]]):
     """``TokenizerManager.detokenize_logprob_tokens`` and
     ``detokenize_top_logprobs_tokens``, each verified on its own."""
 
@@ -79,6 +79,11 @@ class FrontEnd(Patch[types.FunctionType, tuple[Callable, Answered, dict]]):
         """One candidate: the service's replacement, and one built alike for
         the check, counting its answers and reading the check's cache."""
         answered, cache = Answered(), {}
+        # The release's one-position function: what the top function calls
+        # per position, and what the check's stand-in manager holds.
+        one = original if target.name == ONE else release_function(target.owner, ONE)
+        if one is None:
+            raise Refused(f"{target.where}: {OWNER}.{ONE} is not a plain function")
 
         def check_texts(tokenizer):
             return cached_texts(tokenizer, cache) if tokenizer is not None else None
@@ -87,21 +92,17 @@ class FrontEnd(Patch[types.FunctionType, tuple[Callable, Answered, dict]]):
             live = make_one(original)
             checked = make_one(original, check_texts, answered)
         else:
-            one = release_function(target.owner, ONE)
-            if one is None:
-                raise Refused(f"{target.where}: {OWNER}.{ONE} is not a plain function")
             live = make_top(original, one)
             checked = make_top(original, one, check_texts, answered)
         yield Candidate(
             swaps=(Swap(target.owner, target.name, live),),
             applied=(FRONT_END,),
-            detail=(checked, answered, cache),
+            detail=(checked, answered, cache, one),
         )
 
     def check(self, target, original, candidate):
-        checked, answered, cache = candidate.detail
-        release_one = release_function(target.owner, ONE)
-        return verify(original, checked, release_one, answered, target.name == TOP, cache)
+        checked, answered, cache, one = candidate.detail
+        return verify(original, checked, one, answered, target.name == TOP, cache)
 
     def vouch(self, target, original):
         # The top function's replacement stands for the release's calls of
