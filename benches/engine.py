@@ -922,6 +922,15 @@ def _shape_words(args) -> str:
     )
 
 
+def _each_process(results: dict):
+    """``(running, side, role, figures)`` for every process of every side at
+    every size, in the tables' order."""
+    for running, s in results.items():
+        for side in SIDES:
+            for role in ROLES:
+                yield running, side, role, s[f"{side}_processes"][role]
+
+
 def markdown(release: str, results: dict, args, command: str, machine: dict) -> str:
     import platform
 
@@ -1115,17 +1124,14 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
             "| output streaming | pickling | idle loop, ms |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
-        for running, s in results.items():
-            for side in SIDES:
-                for role in ROLES:
-                    pp = s[f"{side}_processes"][role]
-                    lines.append(
-                        f"| {running} | {SIDE_NAMES[side]} | {role} | {pp['cpu_ms']:.2f} "
-                        f"| {pp['whole_ms']:.2f} ({'step' if pp['of'] == 'step' else 'CPU'}) "
-                        f"| {pp['logprob_ms']:.2f} ({100 * pp['logprob_share']:.1f}%) "
-                        f"| {100 * pp['stream_share']:.1f}% "
-                        f"| {100 * pp['pickle_share']:.1f}% | {pp['idle_ms']:.2f} |"
-                    )
+        for running, side, role, pp in _each_process(results):
+            lines.append(
+                f"| {running} | {SIDE_NAMES[side]} | {role} | {pp['cpu_ms']:.2f} "
+                f"| {pp['whole_ms']:.2f} ({'step' if pp['of'] == 'step' else 'CPU'}) "
+                f"| {pp['logprob_ms']:.2f} ({100 * pp['logprob_share']:.1f}%) "
+                f"| {100 * pp['stream_share']:.1f}% "
+                f"| {100 * pp['pickle_share']:.1f}% | {pp['idle_ms']:.2f} |"
+            )
         lines += [
             "",
             "The profiled rounds' throughput over the bare rounds' (the profiler's cost): "
@@ -1146,16 +1152,13 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
             "did nothing in the window (the detokenizer, without a tokenizer) lists nothing.",
             "",
         ]
-        for running, s in results.items():
-            for side in SIDES:
-                for role in ROLES:
-                    pp = s[f"{side}_processes"][role]
-                    lines.append(
-                        f"- {running} running, {SIDE_NAMES[side]}, {role}: own: "
-                        + (", ".join(f"`{n}` {ms:.2f}" for n, ms in pp["top_own"]) or "nothing")
-                        + "; inside: "
-                        + (", ".join(f"`{n}` {ms:.2f}" for n, ms in pp["top_inside"]) or "nothing")
-                    )
+        for running, side, role, pp in _each_process(results):
+            lines.append(
+                f"- {running} running, {SIDE_NAMES[side]}, {role}: own: "
+                + (", ".join(f"`{n}` {ms:.2f}" for n, ms in pp["top_own"]) or "nothing")
+                + "; inside: "
+                + (", ".join(f"`{n}` {ms:.2f}" for n, ms in pp["top_inside"]) or "nothing")
+            )
     return "\n".join(lines) + "\n"
 
 
