@@ -7,6 +7,7 @@ child that cannot start fails the test in seconds with its stderr shown."""
 
 from __future__ import annotations
 
+import json
 import os
 import site
 import subprocess
@@ -231,3 +232,43 @@ def test_the_release_table_imports_neither_torch_nor_sglang(tmp_path):
     out = run_python(["-c", code], None, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "[]"
+
+
+KEPT_TREES = textwrap.dedent(
+    """
+    import ast, gc, json
+    import sglang.srt.layers.logits_processor as lp
+    import sglang.srt.managers.scheduler
+    import sglang.srt.managers.tokenizer_manager
+    from flatgather.sglang import installed_report
+
+    gc.collect()
+    live = [o for o in gc.get_objects() if isinstance(o, ast.AST)]
+    report = installed_report()
+    with open(lp.__file__) as f:
+        one_file = sum(1 for _ in ast.walk(ast.parse(f.read())))
+    print(json.dumps({
+        "patched": list(report.patched) if report else [],
+        "modules": sum(isinstance(o, ast.Module) for o in live),
+        "nodes": len(live),
+        "one_file": one_file,
+    }))
+    """
+)
+
+
+def test_a_patched_process_keeps_no_parsed_source_file(tmp_path):
+    """What the install parsed to prove and rebuild the release's methods is
+    garbage once it is done: every syntax-tree object left alive is one more
+    for the garbage collector to walk in each full collection of the
+    server's processes, for as long as they run (the files of one install
+    held some 100,000 objects, a full collection of a scheduler's process
+    about a sixth slower). Only the rebuilt methods' own trees may stay
+    (they are how a second fix of one method builds on the first), fewer
+    nodes than one parse of the logits processor's file."""
+    out = run_python(["-c", KEPT_TREES], "1", tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["patched"], f"nothing was patched, so this proves nothing: {out.stderr[-2000:]}"
+    assert found["modules"] == 0, found
+    assert found["nodes"] < found["one_file"], found

@@ -30,7 +30,7 @@ from typing import Any
 
 from flatgather import _import_hooks
 from flatgather.sglang import patches as rooms
-from flatgather.sglang import releases
+from flatgather.sglang import releases, source
 from flatgather.sglang.patching import Option, Patch, Prepared, Service, Swap, apply_all, revert_all
 from flatgather.sglang.releases import sglang_release
 from flatgather.sglang.report import InstallReport, PatchReport, UnsupportedRelease
@@ -123,7 +123,10 @@ def _on_import(state: _Installed, patch: Patch, module) -> None:
             return
         del state.pending[(name, patch)]
         # Never fail the import this rides on: prepare() never raises.
-        result = patch.prepare(module)
+        try:
+            result = patch.prepare(module)
+        finally:
+            source.forget_parses()
         for note in result.notes:
             log.warning("flatgather: %s", note)
         _apply(state, patch, name, result)
@@ -206,6 +209,8 @@ def install(force: bool = False, **options: bool) -> InstallReport:
             _cancel_pending(state)
             revert_all(state.swaps)
             raise
+        finally:
+            source.forget_parses()
         table = _table_note(release)
         state.notes[:0] = table
         # The other patches' notes were logged as each was prepared.

@@ -37,6 +37,7 @@ __all__ = [
     "SourceMismatch",
     "build_method",
     "compile_def",
+    "forget_parses",
     "module_tree",
     "parse_function",
     "parse_method",
@@ -131,11 +132,20 @@ def _lines(filename: str, module_globals) -> list[str]:
 def _parse(text: str, filename: str) -> ast.Module:
     """Parsed once per text: several methods of one file (a method and its
     helpers) share a parse. Callers never change the tree they get (they
-    rewrite a deep copy). Room for every file one install reads (up to ten:
-    the logits and logprob processors, the worker, the scheduler's result
-    processor, the batch result's module, the copy helper's, ...): with four,
-    a second install re-parsed the largest of them."""
+    rewrite a deep copy). Room for every file one install step reads (up to
+    ten: the logits and logprob processors, the worker, the scheduler's
+    result processor, the batch result's module, the copy helper's, ...);
+    emptied when the step is done (:func:`forget_parses`)."""
     return ast.parse(text, filename)
+
+
+def forget_parses() -> None:
+    """Drop the parsed files. A parsed file of SGLang's size is some ten
+    thousand syntax-tree objects that the garbage collector walks in every
+    full collection for as long as they live: the installer drops them once
+    a step of the install is done (:mod:`flatgather.sglang.installer`), so
+    a server's processes keep none of them."""
+    _parse.cache_clear()
 
 
 def module_tree(module: types.ModuleType) -> ast.Module | None:
