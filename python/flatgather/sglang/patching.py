@@ -37,6 +37,7 @@ __all__ = [
     "Option",
     "Patch",
     "Prepared",
+    "Rebind",
     "Refused",
     "Service",
     "Swap",
@@ -93,6 +94,20 @@ class Swap:
             delattr(self.target, self.name)
         else:
             setattr(self.target, self.name, self.original)
+
+
+@dataclass
+class Rebind(Swap):
+    """A swap whose revert puts back the release's own function, whatever
+    the name held when it was applied: a module that imported the name from
+    one flatgather had patched holds flatgather's replacement, which must
+    not outlive the installation."""
+
+    release: Any = None
+
+    def apply(self) -> None:
+        super().apply()
+        self.original = self.release
 
 
 def apply_all(swaps: Sequence[Swap]) -> list[Swap]:
@@ -303,6 +318,12 @@ class Patch(Generic[Proof, Detail]):
       path in the call;
     * ``"returned"``: a rebuilt method with no path of the release's left
       in it (the #36938 fix): flatgather answered when it returned."""
+    serves: ClassVar[str] = "scheduler"
+    """Where its replacements answer: ``"scheduler"`` (the scheduler's
+    processes) or ``"front"`` (the process that answers the client: the
+    tokenizer manager and the OpenAI layer). A process of the other kind may
+    import the module and hold the replacement without ever calling it; the
+    engine tests expect each replacement's answers where its patch says."""
 
     def configure(self, options: Mapping[str, bool], memo: dict | None = None) -> Patch | None:
         """This patch for one installation, as ``install(**options)`` asks

@@ -59,6 +59,7 @@ class FrontEnd(Patch[types.FunctionType, tuple[Callable, Answered, dict, Callabl
     options = MappingProxyType(
         {"front_end": Option("decode the logprobs' token texts of a call in one go")}
     )
+    serves = "front"
     known = tuple(Known(f"{OWNER}.{fn}", MODULES, fn, OWNER) for fn in (ONE, TOP))
 
     def locate(self, module):

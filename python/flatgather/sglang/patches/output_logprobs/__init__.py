@@ -64,8 +64,6 @@ from __future__ import annotations
 import functools
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from flatgather.sglang import shapes, source
 from flatgather.sglang.check import Answered
@@ -89,6 +87,7 @@ from flatgather.sglang.patching import (
     Known,
     Option,
     Patch,
+    Rebind,
     Refused,
     Service,
     Swap,
@@ -141,20 +140,6 @@ mixin, inline in ``process_batch_result_decode`` and ``_prefill``)."""
 PRODUCERS = "output-logprobs"
 CONSUMERS = "output-logprobs-chain"
 """The names of the two patches in the install report."""
-
-
-@dataclass
-class _Rebind(Swap):
-    """A swap whose revert puts back the release's own function, whatever
-    the name held when it was applied: a module that imported the name from
-    one flatgather had patched holds flatgather's replacement, which must
-    not outlive the installation."""
-
-    release: Any = None
-
-    def apply(self) -> None:
-        super().apply()
-        self.original = self.release
 
 
 class Registry(Service):
@@ -210,7 +195,7 @@ class Producers(Patch[types.FunctionType, tuple[Callable, Answered]]):
         # Under flatgather's replacement where the module imported the name
         # from one flatgather had patched (0.5.10's worker, the sampler,
         # imported after install()): the release's own is checked, and
-        # restored by uninstall() (:class:`_Rebind`).
+        # restored by uninstall() (:class:`~flatgather.sglang.patching.Rebind`).
         return release_function(target.owner, target.name)
 
     def build(self, target, original):
@@ -248,7 +233,7 @@ class Producers(Patch[types.FunctionType, tuple[Callable, Answered]]):
             verdicts[original] = found
         if isinstance(found, str):
             raise Refused(found)
-        swap = _Rebind(target.owner, target.name, found, release=original)
+        swap = Rebind(target.owner, target.name, found, release=original)
         return Candidate(swaps=(swap,), applied=(PRODUCERS,), service=REGISTRY)
 
     def vouch(self, target, original):
