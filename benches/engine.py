@@ -37,7 +37,8 @@ Three things keep the figure from passing by accident:
   rounds run with the scheduler's profile (``tests/engine/site``): its step
   time and the time spent in the functions whose loops flatgather replaces;
   then ``--cprofile-rounds`` rounds with ``cProfile`` in every process of the
-  server: each process's top functions and its shares of logprob work,
+  server, timed by each main thread's CPU clock (``time.thread_time``): each
+  process's top functions and its shares of logprob work,
   output streaming and pickling. Their throughput against the bare rounds'
   is the profilers' overhead, reported per side.
 - **Every call's answers are compared bit for bit**, warm-up and timed, of
@@ -1109,7 +1110,9 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
             "",
             "**Every process's profile** (`cProfile` in the main thread of each process of "
             "the server, its rounds only, the timed calls alone, the first such round; "
-            "the profiler slows Python code most, so the shares lean towards it). Each share "
+            "the profiler slows Python code most, so the shares lean towards it; its clock "
+            "is the main thread's CPU time, so waiting and being descheduled count nothing). "
+            "Each share "
             "is of the process's CPU time, the scheduler's of its step (`run_batch` plus "
             "`process_batch_result`: between batches it spins in its idle loop, `on_idle`, "
             "given apart): *logprob functions* is the time inside SGLang's "
