@@ -238,6 +238,9 @@ KEPT_TREES = textwrap.dedent(
     """
     import ast, gc, json
     import sglang.srt.layers.logits_processor as lp
+    from flatgather.testing import install_sgl_kernel_stand_in
+
+    install_sgl_kernel_stand_in()  # up to 0.5.12 the scheduler needs sgl_kernel
     import sglang.srt.managers.scheduler
     import sglang.srt.managers.tokenizer_manager
     from flatgather.sglang import installed_report

@@ -19,30 +19,54 @@ must answer the same over a patched scheduler.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 from conftest import RELEASE, ROW
 from engine import harness
-from flatgather.sglang.patches import front_end
+from flatgather.sglang.patches import front_end, openai_logprobs
 from flatgather.sglang.patches.front_end import runtime
+from flatgather.sglang.patches.openai_logprobs import runtime as openai_runtime
 from test_engine import _chunked, assert_flatgather_answered, assert_flatgather_off
 
 pytestmark = pytest.mark.engine
 
 SCENARIO = "front-end"
-FRONT_MARKERS = {
+
+
+def _calls_it(module: str) -> bool:
+    """Whether the release's ``module`` calls the OpenAI conversion (read
+    from its source: importing the serving modules here would need the
+    server's dependencies)."""
+    spec = importlib.util.find_spec(module)
+    origin = spec.origin if spec else None
+    return bool(origin) and f"{openai_runtime.NAME}(" in Path(origin).read_text()
+
+
+MANAGER_MARKERS = {
     f"{front_end.FRONT_END}: {front_end.MODULES[0]}.{front_end.OWNER}.{fn}"
     for fn in (runtime.ONE, runtime.TOP)
 }
-"""The front end's replacements, as the trace names them."""
+"""The tokenizer manager's replacements, as the trace names them."""
+OPENAI_MARKERS = {
+    f"{openai_logprobs.OPENAI}: {module}.{openai_runtime.NAME}"
+    for module in openai_logprobs.MODULES[1:3]
+    if _calls_it(module)
+}
+"""The OpenAI conversion's replacement in each serving module that calls it
+in the release, of those the scenario calls (completions and chat, not the
+responses API)."""
 
 
-def assert_front_end_answered(flat: harness.Served) -> None:
-    """Both replacements of the front end answered (returned without handing
-    the call to the release's function) in the tokenizer manager's loop, in
-    the server's own process and nowhere else."""
-    assert set(flat.front) == FRONT_MARKERS, flat.front
+def assert_front_end_answered(flat: harness.Served, openai: bool = True) -> None:
+    """Both replacements of the tokenizer manager answered (returned without
+    handing the call to the release's function) in its loop, and the OpenAI
+    conversion's in the serving modules' handlers, in the server's own
+    process and nowhere else."""
+    assert OPENAI_MARKERS, "no serving module calls the OpenAI conversion"
+    assert set(flat.front) == MANAGER_MARKERS | (OPENAI_MARKERS if openai else set()), flat.front
     assert flat.front_pids == {flat.main_pid}, (flat.front_pids, flat.main_pid)
 
 
@@ -126,7 +150,7 @@ def test_engine_generate_returns_the_same_objects_with_flatgather_on(tmp_path, m
     assert_flatgather_off(stock)
     assert_flatgather_answered(flat, "http")
     assert flat.main_pid in harness.active_pids(flat.flatgather_lines), flat.flatgather_lines
-    assert_front_end_answered(flat)
+    assert_front_end_answered(flat, openai=False)  # Engine.generate: no OpenAI layer
     # Text came back where it was asked for (a str per token), None where not.
     texts = {a["name"]: "None)" not in a["output_token_logprobs"] for a in stock.answers}
     assert texts == {n: not n.startswith("batch, no text") for n in texts}, stock.answers

@@ -191,6 +191,17 @@ RULES: tuple[Rule, ...] = (
         code=r"`(if not decode_to_text:|token_texts = self\.tokenizer\.batch_decode\().*`",
     ),
     Rule(
+        "to_openai_style_logprobs",
+        EQUIVALENT,
+        "a nested function defined twice is the same function; a second empty `LogProbs()` "
+        "replaces the first before anything is appended to it; a text made lossless again is "
+        "the same text (`_lossless_token_text` returns a text without U+FFFD as it is, and its "
+        "latin-1 rendering of a fragment holds none)",
+        operator="statement duplicated",
+        code=r"`(def append_token_logprobs\(|def append_top_logprobs\(|ret_logprobs = LogProbs\(\)"
+        r"|token_text = _lossless_token_text\().*`",
+    ),
+    Rule(
         "_get_pruned_states",
         EQUIVALENT,
         "the assertion holds on every batch whose logprob start lies within its request "

@@ -1062,6 +1062,74 @@ def _front_end_inputs(rng: random.Random, top: bool) -> tuple[list, list, bool]:
     return [p[0] for p in positions], [p[1] for p in positions], text
 
 
+def _openai_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
+    """The mutant in a copy of its whole module (from 0.5.21 it calls the
+    module's ``_lossless_token_text``); what the patch puts in place there
+    is called on the same tuples, with the same tokenizer or none."""
+    from flatgather.sglang.patches import openai_logprobs
+
+    with _shape_gate():
+        result = openai_logprobs.PATCH.prepare(copy)
+    new = [s.new for s in result.swaps if s.name == mutant.__name__ and s.target is copy]
+    trial = Trial(patched=bool(new), note="; ".join(result.notes))
+    code = release.__code__
+    lossless = "tokenizer" in code.co_varnames[: code.co_argcount]
+    for n in tries(trial, cases, alone=not new):
+        rng = inputs.rng(n)
+        args = _openai_inputs(rng)
+        tokenizer = _front_end_tokenizer() if rng.random() < 0.7 else None
+        if lossless:
+            args = (*args, tokenizer)
+        where = f"to_openai_style_logprobs{args[:4]!r}{'' if tokenizer else ', no tokenizer'}"
+        base = inputs.release(n, _outcome_object, release, *args)
+        theirs = _outcome_object(mutant, *args)
+        trial.compared += 1
+        trial.raised += isinstance(theirs, type)
+        trial.tell(_told(theirs, base), where)
+        if new:
+            found = _versus(_outcome_object(new[0], *args), theirs, first_difference)
+            if found:
+                trial.difference = f"{where}: {found}"
+    return trial
+
+
+def _outcome_object(function, *args):
+    """The ``LogProbs`` object as its reader sees it (class, fields set at
+    construction, every list), or the type of what was raised."""
+    out = _outcome(function, *args)
+    if isinstance(out, type):
+        return out
+    if not hasattr(out, "model_fields_set"):  # a mutant that returns something else
+        return {"returned": out}
+    return {"class": type(out).__name__, "set": sorted(out.model_fields_set), **vars(out)}
+
+
+def _openai_inputs(rng: random.Random) -> tuple:
+    """One call's four arguments: token tuples whose texts the tests'
+    byte-level tokenizer decoded (some U+FFFD fragments), ``None`` texts,
+    logprobs and positions at times; top-k positions of 0 to 5 entries."""
+    from engine import models
+
+    tokenizer = _front_end_tokenizer()
+
+    def triple() -> tuple:
+        token = rng.randrange(models.VOCAB)
+        value = None if rng.random() < 0.05 else rng.uniform(-20.0, 0.0)
+        text = tokenizer.decode([token]) if rng.random() < 0.85 else None
+        return (value, token, text)
+
+    def tokens(most: int) -> list:
+        return [triple() for _ in range(rng.randrange(0, most))]
+
+    def tops() -> list:
+        return [None if rng.random() < 0.15 else tokens(6) for _ in range(rng.randrange(0, 6))]
+
+    return tuple(
+        None if rng.random() < 0.2 else make()
+        for make in (lambda: tokens(9), lambda: tokens(3), tops, tops)
+    )
+
+
 def _told(mutant, release) -> str | None:
     """The mutant's outcome against the release's: the same exception (by
     type), or the same tuples."""
@@ -1086,11 +1154,15 @@ def targets() -> list[Target]:
 
     _stand_ins()
     replaced_whole = []
-    # Every function a patch replaces whole, as the patch declares it (the
-    # code it vouches for by fingerprint), with that patch's own prepare().
+    # The ones with a trial of their own, against an oracle.
+    own_trials = _openai_targets()
+    # Every other function a patch replaces whole, as the patch declares it
+    # (the code it vouches for by fingerprint), with that patch's own prepare().
     for patch in rooms.patches():
         for known in patch.known:
             if known.owner is not None or known.imported:
+                continue
+            if known.key in {t.name for t in own_trials}:
                 continue
             located = fingerprints.release_function(known)
             if located is None:
@@ -1159,6 +1231,7 @@ def targets() -> list[Target]:
         *replaced_whole,
         *_chain_targets(),
         *_front_end_targets(),
+        *own_trials,
     ]
 
 
@@ -1181,6 +1254,25 @@ def _front_end_targets() -> list[Target]:
             release_raises=True,
         )
         for name in (runtime.ONE, runtime.TOP)
+    ]
+
+
+def _openai_targets() -> list[Target]:
+    """The OpenAI layer's ``to_openai_style_logprobs``, replaced whole
+    behind its known code, mutated in a copy of its module and compared with
+    what the patch puts in place there (the gate-off run)."""
+    from flatgather.sglang.patches import openai_logprobs
+    from flatgather.sglang.patches.openai_logprobs import runtime
+
+    return [
+        Target(
+            runtime.NAME,
+            openai_logprobs.MODULES[0],
+            None,
+            runtime.NAME,
+            _openai_trial,
+            gated=True,
+        )
     ]
 
 

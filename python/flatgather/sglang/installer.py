@@ -153,7 +153,9 @@ def install(force: bool = False, **options: bool) -> InstallReport:
     EAGLE3 aux layers only at the rows stored, where the probe verified it),
     ``input_logprobs`` (the token-id input logprobs in one go),
     ``output_logprobs`` (the output logprobs of decode and verify steps handed
-    to the scheduler flat). Any other keyword raises ``TypeError``.
+    to the scheduler flat), ``front_end`` (the tokenizer manager's logprob
+    texts decoded in one go), ``openai_logprobs`` (the OpenAI ``logprobs``
+    object built in one pass). Any other keyword raises ``TypeError``.
 
     ``force`` is accepted for compatibility and changes nothing: every
     release, tested or not, is patched exactly when the probe passes.

@@ -106,19 +106,22 @@ _seen: set[tuple[str, str]] = set()
 
 
 FRONT = "front"
+OPENAI_SERVING = os.path.join("sglang", "srt", "entrypoints", "openai", "serving_")
 
 
 def _serving() -> str | None:
     """``"answered"`` where the scheduler's event loop
     (``Scheduler.event_loop_*``, the same name in every release) is on the
     stack, :data:`FRONT` where the tokenizer manager's ``handle_loop`` is
-    (an awaited coroutine's frame links back to its awaiter's), else None."""
+    (an awaited coroutine's frame links back to its awaiter's) or a
+    function of the OpenAI layer's serving modules (a request's handler,
+    or the generator of its stream), else None."""
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_name
         if name.startswith("event_loop"):
             return "answered"
-        if name == "handle_loop":
+        if name == "handle_loop" or OPENAI_SERVING in frame.f_code.co_filename:
             return FRONT
         frame = frame.f_back
     return None

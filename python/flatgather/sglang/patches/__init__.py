@@ -11,7 +11,9 @@
 - :mod:`~flatgather.sglang.patches.output_logprobs`: the output logprobs' producers and
   the chain that hands them to the scheduler;
 - :mod:`~flatgather.sglang.patches.front_end`: the logprobs' token texts in the
-  process that answers the client.
+  process that answers the client;
+- :mod:`~flatgather.sglang.patches.openai_logprobs`: the OpenAI ``logprobs``
+  object, in the same process.
 
 A new patch is a new room and a line here.
 """
@@ -30,6 +32,7 @@ def patches() -> tuple[Patch, ...]:
         draft_prefill,
         front_end,
         input_logprobs,
+        openai_logprobs,
         output_logprobs,
         prefill_result,
         pruned_states,
@@ -43,4 +46,5 @@ def patches() -> tuple[Patch, ...]:
         output_logprobs.PRODUCER,
         output_logprobs.CHAIN,
         front_end.PATCH,
+        openai_logprobs.PATCH,
     )

@@ -38,8 +38,9 @@ from __future__ import annotations
 import functools
 import itertools
 import sys
-import weakref
 from collections.abc import Callable
+
+from flatgather.sglang.tokenizers import PerTokenizer
 
 __all__ = ["ONE", "TOP", "Texts", "forget_texts", "make_one", "make_top", "texts_of"]
 
@@ -51,9 +52,8 @@ Texts = Callable[[object], "Callable[[list], list | None] | None"]
 where it cannot answer them), or None where that tokenizer's texts must come
 from the release's own code."""
 
-_CACHES: dict[int, tuple[weakref.ref, dict]] = {}
-"""Per live tokenizer (by ``id``, checked against a weak reference): the
-texts of the ids it has decoded."""
+_TEXTS = PerTokenizer()
+"""Per live tokenizer: the texts of the ids it has decoded."""
 
 
 def _library_decodes(tokenizer) -> bool:
@@ -98,22 +98,14 @@ def texts_of(tokenizer) -> Callable[[list], list | None] | None:
     tokenizers that decode each id by itself; None for any other kind."""
     if tokenizer is None or not _library_decodes(tokenizer):
         return None
-    key = id(tokenizer)
-    entry = _CACHES.get(key)
-    if entry is None or entry[0]() is not tokenizer:
-        try:
-            ref = weakref.ref(tokenizer, lambda _, key=key: _CACHES.pop(key, None))
-        except TypeError:
-            return None
-        entry = (ref, {})
-        _CACHES[key] = entry
-    return cached_texts(tokenizer, entry[1])
+    cache = _TEXTS.of(tokenizer)
+    return None if cache is None else cached_texts(tokenizer, cache)
 
 
 def forget_texts() -> None:
     """Drop every tokenizer's decoded texts (they are decoded again when
     next asked for)."""
-    _CACHES.clear()
+    _TEXTS.clear()
 
 
 def _without_texts(vals, ids) -> list:
