@@ -183,12 +183,50 @@ def make_batch(spec: dict) -> dict:
     # SGLang reads a batch's shape from its first entry: a key with no
     # value anywhere is left out, as a client leaves it out.
     batch = {k: v for k, v in batch.items() if any(x is not None for x in v)}
+    if spec["client"] == "openai":
+        # What an evaluation harness sends to score text: the prompts echoed
+        # with their tokens' logprobs and the top 5 (the floor: echoed alone).
+        body = {
+            "model": "default",
+            "prompt": batch["input_ids"],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "echo": True,
+        }
+        return body if spec["floor"] else body | {"logprobs": 5}
     if spec["floor"]:
         batch = {"input_ids": batch["input_ids"], "sampling_params": batch["sampling_params"]}
         batch["return_logprob"] = False
     elif spec.get("texts"):
         batch["return_text_in_logprobs"] = True
     return batch
+
+
+def openai_answers(response: dict) -> list[dict]:
+    """A completion response's choices in order, each as the client reads
+    it: its text (the prompt echoed and the output token, on every side, the
+    floor's included: compared as the output) and its logprobs object, the
+    floats as their repr."""
+    from engine import serve as engine_serve
+
+    choices = sorted(response["choices"], key=lambda c: c["index"])
+    # The response counts its output tokens as a whole: with max_tokens 1
+    # and ignore_eos every choice has one, which the count must say.
+    each, rest = divmod(int(response["usage"]["completion_tokens"]), len(choices))
+    if rest or each != 1:
+        raise RuntimeError(f"{response['usage']} for {len(choices)} choices, not one token each")
+    return [
+        engine_serve.exact(
+            {
+                "output_ids": c["text"],
+                "logprobs": c.get("logprobs"),
+                "finish": c["finish_reason"],
+                "completion_tokens": each,
+            }
+        )
+        for c in choices
+    ]
 
 
 def _alive(pid: int) -> bool:
@@ -276,9 +314,12 @@ def window(counts: Path, main_pid: int, client_pid: int | None) -> dict:
 
 def _serve_http(spec: dict, batch: dict, on_warm, on_done) -> tuple[float, list]:
     """The same calls through ``python -m sglang.launch_server`` and a real
-    HTTP client, one batch ``POST /generate`` a call."""
+    HTTP client, one batch ``POST /generate`` (or, for the OpenAI client,
+    ``POST /v1/completions``) a call."""
     from engine import serve as engine_serve
 
+    openai = spec["client"] == "openai"
+    path = "/v1/completions" if openai else "/generate"
     if "token_ids_logprob" in batch:
         # The HTTP schema takes no None in a batch's id lists; SGLang reads
         # an empty list as None.
@@ -290,12 +331,15 @@ def _serve_http(spec: dict, batch: dict, on_warm, on_done) -> tuple[float, list]
             if i == 1:
                 on_warm()
             sent = time.perf_counter()
-            outs = engine_serve.post_json(f"http://127.0.0.1:{port}/generate", batch, timeout=600)
+            outs = engine_serve.post_json(f"http://127.0.0.1:{port}{path}", batch, timeout=600)
             seconds = time.perf_counter() - sent
             results.append({"s": seconds, "answers": outs})
         on_done(server.pid, os.getpid())
         for call in results:
-            call["answers"] = [engine_serve.answer(o) for o in call["answers"]]
+            if openai:
+                call["answers"] = openai_answers(call["answers"])
+            else:
+                call["answers"] = [engine_serve.answer(o) for o in call["answers"]]
     finally:
         engine_serve.stop_server(server)
     return startup_s, results
@@ -328,7 +372,7 @@ def serve(spec_path: Path) -> int:
         mark(counts, "after")
         processes.update(window(counts, main_pid, client_pid))
 
-    if spec["client"] == "http":
+    if spec["client"] in ("http", "openai"):
         startup_s, results = _serve_http(spec, batch, on_warm, on_done)
     else:
         import sglang
@@ -485,7 +529,8 @@ class Bench:
         self.calls = args.calls
         self.client = args.client
         self.shape = args.shape
-        self.texts = args.texts
+        # The OpenAI endpoints decode every token's text: a tokenizer.
+        self.texts = args.texts or args.client == "openai"
         self.reference: dict[tuple[int, str], tuple[str, list[list]]] = {}
         """Per size and kind of answer (with logprobs, or the floor's), the
         first engine's tag and its answers to each call."""
@@ -897,6 +942,12 @@ def _plainly(s: dict) -> str:
 def _served_by(args) -> str:
     if args.client == "http":
         return "`python -m sglang.launch_server`, one batch `POST /generate` a call (`urllib`)"
+    if args.client == "openai":
+        return (
+            "`python -m sglang.launch_server`, one batch `POST /v1/completions` a call "
+            "(`urllib`), every prompt as token ids with `echo`, `logprobs: 5`, `max_tokens: 1` "
+            "(the floor: `echo` alone)"
+        )
     return "`sglang.Engine`, one `Engine.generate` call a batch"
 
 
@@ -907,6 +958,11 @@ def _workload(args) -> str:
         if args.texts
         else ""
     )
+    if args.client == "openai":
+        texts = (
+            "; every side loads the engine tests' byte-level tokenizer (the OpenAI endpoints "
+            "decode every token's text, and the echoed prompts)"
+        )
     return _shape_words(args) + texts
 
 
@@ -955,8 +1011,12 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
         "- **three sides** in every round, the order rotating from round to round: *stock* "
         "(`FLATGATHER_SGLANG=0`), *flatgather* (`FLATGATHER_SGLANG=1`), and the *floor*: "
         "stock serving the same prompts with the same output lengths (`ignore_eos`) and no "
-        "logprobs asked for (`return_logprob` false, no top-k, no token ids), what the "
-        "server costs when logprobs cost nothing; no side has a prefix cache "
+        + (
+            "logprobs asked for (the prompts still echoed), what the "
+            if args.client == "openai"
+            else "logprobs asked for (`return_logprob` false, no top-k, no token ids), what the "
+        )
+        + "server costs when logprobs cost nothing; no side has a prefix cache "
         "(`disable_radix_cache`: every call repeats the prompts, which only the floor "
         "could take from it)",
         f"- **timing:** {machine['rounds']} rounds per size"
@@ -1049,7 +1109,7 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
         "messages as they went on the wire: the scheduler's outputs, and the detokenizer's; "
         + (
             "with a tokenizer, the scheduler's outputs go through the detokenizer), "
-            if args.texts
+            if args.texts or args.client == "openai"
             else "the engine runs without a tokenizer (`skip_tokenizer_init`), so the scheduler "
             "sends its outputs straight to the tokenizer manager and the detokenizer idles), "
         )
@@ -1310,10 +1370,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--client",
-        choices=("engine", "http"),
+        choices=("engine", "http", "openai"),
         default="engine",
         help="engine: sglang.Engine in the process; http: python -m sglang.launch_server "
-        "and one POST /generate a call",
+        "and one POST /generate a call; openai: the same server and one POST "
+        "/v1/completions a call (--shape echo: echo, logprobs 5, max_tokens 1)",
     )
     parser.add_argument(
         "--shape",
@@ -1340,6 +1401,8 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", type=Path, help="keep every engine's spec, answers and log here"
     )
     args = parser.parse_args(argv)
+    if args.client == "openai" and args.shape != "echo":
+        parser.error("--client openai sends the echo-scoring shape: give --shape echo")
     if args.texts and args.client != "http":
         parser.error(
             "--texts needs --client http (Engine.generate takes no return_text_in_logprobs)"

@@ -21,6 +21,7 @@ from _sglang import (
 )
 from flatgather.sglang import installer, releases, shapes
 from flatgather.sglang.patches import draft_prefill, front_end, output_logprobs
+from flatgather.sglang.patches.openai_logprobs import runtime as openai_runtime
 from flatgather.sglang.patches.pruned_states import probe
 
 
@@ -66,7 +67,8 @@ def test_install_reports_what_it_verified_and_applied():
     if hasattr(lp, "get_token_ids_logprobs_prefill"):
         ours.add(f"{lp.__name__}.get_token_ids_logprobs_prefill")
     assert ours <= set(report.patched)
-    # Anything else is the draft worker's, the scheduler's or the front end's,
+    # Anything else is the draft worker's, the scheduler's, the front end's or
+    # the OpenAI layer's,
     # patched now if another test imported its module, or the output-logprob
     # chain's (its producers and consumers).
     chain = (
@@ -78,6 +80,7 @@ def test_install_reports_what_it_verified_and_applied():
         where.endswith((f".{draft_prefill.METHOD}", ".process_batch_result_prefill"))
         or any(name in where for name in chain)
         or where.startswith(f"{front_end.MODULES[0]}.{front_end.OWNER}.detokenize_")
+        or where.endswith(f".{openai_runtime.NAME}")
         for where in set(report.patched) - ours
     ), report.patched
 

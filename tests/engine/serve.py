@@ -109,20 +109,20 @@ def engine_args(spec: dict) -> dict:
     return args
 
 
-def _exact(value):
+def exact(value):
     """Floats as their repr (bit for bit, -0.0 and NaN included)."""
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, list | tuple):
-        return [_exact(v) for v in value]
+        return [exact(v) for v in value]
     if isinstance(value, dict):
-        return {k: _exact(v) for k, v in value.items()}
+        return {k: exact(v) for k, v in value.items()}
     return value
 
 
 def answer(out: dict) -> dict:
     meta = out["meta_info"]
-    return _exact({"output_ids": out["output_ids"]} | {k: meta[k] for k in KEPT if k in meta})
+    return exact({"output_ids": out["output_ids"]} | {k: meta[k] for k in KEPT if k in meta})
 
 
 def _free_port() -> int:

@@ -47,6 +47,7 @@ __all__ = [
     "known_code",
     "release_function",
     "revert_all",
+    "verified_once",
 ]
 
 Proof = TypeVar("Proof")
@@ -462,3 +463,22 @@ class Patch(Generic[Proof, Detail]):
         if best is None:
             raise Unneeded
         raise Refused(best)
+
+
+def verified_once(patch: Patch, target: Target, original: Any, key: Any) -> Any:
+    """The replacement :meth:`Patch.pick` verifies for the release's
+    ``original`` (its first swap's new value), once per installation under
+    ``key`` in the patch's :meth:`~Patch.memo`, whichever module holds the
+    function (one function sits in several modules' globals); raises
+    :class:`Refused` with the reason remembered there when there is none."""
+    verdicts = patch.memo()
+    found = verdicts.get(key)
+    if found is None:
+        try:
+            found = Patch.pick(patch, target, original).swaps[0].new
+        except Refused as exc:
+            found = str(exc)
+        verdicts[key] = found
+    if isinstance(found, str):
+        raise Refused(found)
+    return found

@@ -46,6 +46,7 @@ from flatgather.sglang.patching import (
     Target,
     known_code,
     release_function,
+    verified_once,
 )
 
 __all__ = ["MODULES", "OPENAI", "PATCH", "OpenAILogprobs"]
@@ -128,17 +129,7 @@ class OpenAILogprobs(Patch[types.FunctionType, tuple[Callable, Answered]]):
     def pick(self, target, original):
         """Once per release function in an installation, whichever module
         holds it: the replacement verified, or why there is none."""
-        verdicts = self.memo()
-        key = (OPENAI, original)
-        found = verdicts.get(key)
-        if found is None:
-            try:
-                found = super().pick(target, original).swaps[0].new
-            except Refused as exc:
-                found = str(exc)
-            verdicts[key] = found
-        if isinstance(found, str):
-            raise Refused(found)
+        found = verified_once(self, target, original, (OPENAI, original))
         swap = Rebind(target.owner, target.name, found, release=original)
         return Candidate(swaps=(swap,), applied=(OPENAI,))
 

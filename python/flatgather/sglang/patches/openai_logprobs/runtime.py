@@ -94,6 +94,18 @@ def _renderer(lossless: Callable, tokenizer) -> Callable:
     return remembering(lossless, tokenizer, seen)
 
 
+def _filled(out, texts: list, values: list, tops: list, on_answer):
+    """The release's fresh ``LogProbs()`` with its own four lists extended,
+    as the release's loop leaves them."""
+    out.tokens.extend(texts)
+    out.token_logprobs.extend(values)
+    out.text_offset.extend([-1] * len(values))
+    out.top_logprobs.extend(tops)
+    if on_answer is not None:
+        on_answer()
+    return out
+
+
 def _lists(args: tuple) -> bool:
     return all(a is None or type(a) is list for a in args)
 
@@ -133,14 +145,7 @@ def make_plain(original: Callable, on_answer: Callable[[], None] | None = None) 
                     ]
         except Exception:
             return original(*args)
-        out = model()
-        out.tokens.extend(texts)
-        out.token_logprobs.extend(values)
-        out.text_offset.extend([-1] * len(values))
-        out.top_logprobs.extend(tops)
-        if on_answer is not None:
-            on_answer()
-        return out
+        return _filled(model(), texts, values, tops, on_answer)
 
     to_openai_style_logprobs.__flatgather__ = NAME
     return to_openai_style_logprobs
@@ -204,14 +209,7 @@ def make_lossless(
                     ]
         except Exception:
             return original(*args, tokenizer)
-        out = model()
-        out.tokens.extend(texts)
-        out.token_logprobs.extend(values)
-        out.text_offset.extend([-1] * len(values))
-        out.top_logprobs.extend(tops)
-        if on_answer is not None:
-            on_answer()
-        return out
+        return _filled(model(), texts, values, tops, on_answer)
 
     to_openai_style_logprobs.__flatgather__ = NAME
     return to_openai_style_logprobs

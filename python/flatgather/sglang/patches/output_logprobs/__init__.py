@@ -95,6 +95,7 @@ from flatgather.sglang.patching import (
     Unneeded,
     known_code,
     release_function,
+    verified_once,
 )
 
 __all__ = [
@@ -223,16 +224,7 @@ class Producers(Patch[types.FunctionType, tuple[Callable, Answered]]):
         replacement verified, or why there is none, is remembered for that
         installation alone (:meth:`~flatgather.sglang.patching.Patch.memo`),
         so the next one judges the code it finds."""
-        verdicts = self.memo()
-        found = verdicts.get(original)
-        if found is None:
-            try:
-                found = super().pick(target, original).swaps[0].new
-            except Refused as exc:
-                found = str(exc)
-            verdicts[original] = found
-        if isinstance(found, str):
-            raise Refused(found)
+        found = verified_once(self, target, original, original)
         swap = Rebind(target.owner, target.name, found, release=original)
         return Candidate(swaps=(swap,), applied=(PRODUCERS,), service=REGISTRY)
 
