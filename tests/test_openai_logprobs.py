@@ -208,3 +208,22 @@ def test_a_fragment_is_rendered_once_per_tokenizer(tokenizer):
         assert_same(whole(ours(*args, other)), whole(STOCK(*args, other)))
     # flatgather's and the release's call, each once per fragment met.
     assert renders.calls == 2 * 3 * len(tokens)
+
+
+@pytest.mark.matrix
+def test_the_install_check_leaves_the_release_no_dead_tokenizer_s_id():
+    """The release remembers byte-level tokenizers by ``id``: the ids the
+    install check adds there must be of an object that stays alive (else the
+    next object at that address, of any kind, would pass for byte-level)."""
+    if not LOSSLESS:
+        pytest.skip(f"SGLang's {runtime.NAME} remembers no tokenizer before 0.5.21")
+    from flatgather.sglang.patches.openai_logprobs import check
+
+    remembered = vars(utils)["_BYTE_LEVEL_TOKENIZERS"]
+    before = set(remembered)
+    installed()
+    added = set(remembered) - before
+    assert added <= {id(check.STAND_IN)}, added
+    flatgather.sglang.uninstall()
+    installed()  # a second install's check adds nothing new
+    assert set(remembered) - before <= {id(check.STAND_IN)}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from flatgather.sglang.check import Answered, side_by_side
 from flatgather.sglang.compare import first_difference
 
-__all__ = ["CASES", "ByteLevelStandIn", "verify"]
+__all__ = ["CASES", "STAND_IN", "ByteLevelStandIn", "verify"]
 
 
 class ByteLevelStandIn:
@@ -33,6 +33,14 @@ class ByteLevelStandIn:
 
     def convert_ids_to_tokens(self, token_id):
         return "\u00c3"
+
+
+STAND_IN = ByteLevelStandIn()
+"""The one stand-in every check uses, alive as long as the process: the
+release remembers a byte-level tokenizer by its ``id``
+(``_BYTE_LEVEL_TOKENIZERS``), so a stand-in that died would leave its
+address to the next object made there, a tokenizer of another kind
+included, which the release would then take for byte-level."""
 
 
 @dataclass(frozen=True)
@@ -75,13 +83,12 @@ def verify(original, replacement, answered: Answered, lossless: bool, seen: dict
     answering itself (counted by ``answered``) exactly where the case says;
     else the first difference. ``lossless``: the 0.5.21+ function, which
     takes a tokenizer (passed only to that one); ``seen``: the texts the
-    replacement remembers, emptied before each case (each case has a
-    tokenizer of its own)."""
+    replacement remembers, emptied before each case."""
 
     def run(fn, case: Case):
         seen.clear()
         args = tuple(list(a) if type(a) is list else a for a in case.args)
-        extra = {"tokenizer": ByteLevelStandIn() if case.tokenizer else None} if lossless else {}
+        extra = {"tokenizer": STAND_IN if case.tokenizer else None} if lossless else {}
         try:
             out = fn(*args, **extra)
         except Exception as exc:  # compared by type: the same failure, or none
