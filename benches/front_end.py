@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from side_by_side import SideBySide  # noqa: E402 - beside this script
+
 SHAPES = (
     # name, positions, top k, texts
     ("echo scoring: 300 positions, top 5, texts", 300, 5, True),
@@ -52,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     import flatgather.sglang
     import sglang.srt.managers.tokenizer_manager as tm
     from engine import models
-    from flatgather.bench import machine, stats
     from flatgather.sglang.patches.front_end import runtime
     from transformers import AutoTokenizer
 
@@ -73,8 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     stock.tokenizer = ours.tokenizer = tokenizer
 
     rng = random.Random(0)
-    rows = []
-    load = {"cpus": machine.cpus(), "threads": 1, "sections": {}}
+    bench = SideBySide(args.samples, args.sample_s)
     print(f"SGLang {report.release}, torch threads 1, {args.samples} rounds per shape")
     for name, positions, k, text in SHAPES:
         vals = [[rng.uniform(-9.0, 0.0) for _ in range(k)] for _ in range(positions)]
@@ -93,23 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         if calls["release"]() != calls["flatgather"]():
             print(f"{name}: the answers differ", file=sys.stderr)
             return 1
-        before = machine.snapshot()
-        measured = stats.measure_side_by_side(
-            calls, samples=args.samples, warmup_s=0.2, sample_s=args.sample_s
-        )
-        load["sections"][name] = machine.usage(before, machine.snapshot()).to_dict()
-        ratio = stats.ratio(vars(measured["release"]), vars(measured["flatgather"]))
-        rows.append((name, measured["release"].median, measured["flatgather"].median, ratio))
+        bench.measure(name, calls["release"], calls["flatgather"])
 
-    print("\n| one request's logprobs | release | flatgather | release / flatgather (95%) |")
-    print("|---|---|---|---|")
-    for name, a, b, r in rows:
-        print(
-            f"| {name} | {a * 1e3:.3f} ms | {b * 1e3:.3f} ms | "
-            f"{r['median']:.2f}x ({r['low']:.2f}-{r['high']:.2f}) |"
-        )
-    for warning in machine.judge(load, machine.DEFAULT_MAX_OTHER_LOAD):
-        print(f"\nWarning: {warning}")
+    bench.report("one request's logprobs")
     return 0
 
 

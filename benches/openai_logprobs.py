@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from side_by_side import SideBySide  # noqa: E402 - beside this script
+
 SHAPES = (
     # name, prompt positions, output positions, top k
     ("echo scoring: 300 + 1 positions, top 5", 300, 1, 5),
@@ -51,15 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     import flatgather.sglang
     import sglang.srt.entrypoints.openai.utils as utils
     from engine import models
-    from flatgather.bench import machine, stats
     from flatgather.sglang.patches.openai_logprobs import runtime
     from transformers import AutoTokenizer
 
     where = Path(os.environ.get("TMPDIR", "/tmp")) / "flatgather-front-end-tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(str(models.make_tokenizer(where)))
     stock = vars(utils)[runtime.NAME]
-    code = stock.__code__
-    lossless = "tokenizer" in code.co_varnames[: code.co_argcount]
+    lossless = runtime.takes_tokenizer(stock)
     report = flatgather.sglang.install()
     ours = vars(utils)[runtime.NAME]
     if getattr(ours, "__flatgather__", None) != runtime.NAME:
@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         return type(out), sorted(out.model_fields_set), vars(out)
 
     rng = random.Random(0)
-    rows = []
-    load = {"cpus": machine.cpus(), "threads": 1, "sections": {}}
+    bench = SideBySide(args.samples, args.sample_s)
     print(
         f"SGLang {report.release} ({'lossless' if lossless else 'plain'} texts), "
         f"torch threads 1, {args.samples} rounds per shape"
@@ -102,30 +101,12 @@ def main(argv: list[str] | None = None) -> int:
             entries += [t for rows in call[2:] if rows for row in rows if row for t in row]
             fragments = sum("\ufffd" in (t[2] or "") for t in entries)
             name = f"{shape}, {'no fragments' if whole else f'{fragments} fragments'}"
-            calls = {
-                "release": lambda c=call: run(stock, c),
-                "flatgather": lambda c=call: run(ours, c),
-            }
-            if seen(calls["release"]()) != seen(calls["flatgather"]()):
+            if seen(run(stock, call)) != seen(run(ours, call)):
                 print(f"{name}: the objects differ", file=sys.stderr)
                 return 1
-            before = machine.snapshot()
-            measured = stats.measure_side_by_side(
-                calls, samples=args.samples, warmup_s=0.2, sample_s=args.sample_s
-            )
-            load["sections"][name] = machine.usage(before, machine.snapshot()).to_dict()
-            ratio = stats.ratio(vars(measured["release"]), vars(measured["flatgather"]))
-            rows.append((name, measured["release"].median, measured["flatgather"].median, ratio))
+            bench.measure(name, lambda c=call: run(stock, c), lambda c=call: run(ours, c))
 
-    print("\n| one request's OpenAI logprobs | release | flatgather | release / flatgather (95%) |")
-    print("|---|---|---|---|")
-    for name, a, b, r in rows:
-        print(
-            f"| {name} | {a * 1e3:.3f} ms | {b * 1e3:.3f} ms | "
-            f"{r['median']:.2f}x ({r['low']:.2f}-{r['high']:.2f}) |"
-        )
-    for warning in machine.judge(load, machine.DEFAULT_MAX_OTHER_LOAD):
-        print(f"\nWarning: {warning}")
+    bench.report("one request's OpenAI logprobs")
     return 0
 
 

@@ -1067,13 +1067,13 @@ def _openai_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
     module's ``_lossless_token_text``); what the patch puts in place there
     is called on the same tuples, with the same tokenizer or none."""
     from flatgather.sglang.patches import openai_logprobs
+    from flatgather.sglang.patches.openai_logprobs import runtime
 
     with _shape_gate():
         result = openai_logprobs.PATCH.prepare(copy)
     new = [s.new for s in result.swaps if s.name == mutant.__name__ and s.target is copy]
     trial = Trial(patched=bool(new), note="; ".join(result.notes))
-    code = release.__code__
-    lossless = "tokenizer" in code.co_varnames[: code.co_argcount]
+    lossless = runtime.takes_tokenizer(release)
     for n in tries(trial, cases, alone=not new):
         rng = inputs.rng(n)
         args = _openai_inputs(rng)

@@ -35,6 +35,7 @@ from flatgather.sglang.patches.openai_logprobs.runtime import (
     make_lossless,
     make_plain,
     remembering,
+    takes_tokenizer,
 )
 from flatgather.sglang.patching import (
     Candidate,
@@ -64,11 +65,6 @@ OPENAI = "openai-logprobs"
 """The name of this patch in the install report."""
 
 
-def _takes_tokenizer(fn: types.FunctionType) -> bool:
-    code = fn.__code__
-    return "tokenizer" in code.co_varnames[: code.co_argcount]
-
-
 class OpenAILogprobs(Patch[types.FunctionType, tuple[Callable, Answered]]):
     """``to_openai_style_logprobs`` in each module of :data:`MODULES` that
     holds the release's function, verified once per function."""
@@ -95,7 +91,7 @@ class OpenAILogprobs(Patch[types.FunctionType, tuple[Callable, Answered]]):
         return release_function(target.owner, target.name)
 
     def _lossless(self, original):
-        if not _takes_tokenizer(original):
+        if not takes_tokenizer(original):
             return None
         lossless = original.__globals__.get(LOSSLESS)
         if not isinstance(lossless, types.FunctionType):
@@ -124,7 +120,7 @@ class OpenAILogprobs(Patch[types.FunctionType, tuple[Callable, Answered]]):
 
     def check(self, target, original, candidate):
         checked, answers, seen = candidate.detail
-        return verify(original, checked, answers, _takes_tokenizer(original), seen)
+        return verify(original, checked, answers, takes_tokenizer(original), seen)
 
     def pick(self, target, original):
         """Once per release function in an installation, whichever module

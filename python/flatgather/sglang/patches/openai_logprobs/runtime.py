@@ -47,6 +47,7 @@ __all__ = [
     "make_lossless",
     "make_plain",
     "remembering",
+    "takes_tokenizer",
 ]
 
 NAME = "to_openai_style_logprobs"
@@ -61,6 +62,13 @@ _FFFD = "\ufffd"
 _RENDERED = PerTokenizer()
 """Per live tokenizer: ``(id, text) -> _lossless_token_text(tokenizer, id,
 text)`` for the texts it was called for."""
+
+
+def takes_tokenizer(fn) -> bool:
+    """Whether ``fn``, the release's ``to_openai_style_logprobs``, is the
+    form from 0.5.21 (it takes a tokenizer, and renders fragments)."""
+    code = fn.__code__
+    return "tokenizer" in code.co_varnames[: code.co_argcount]
 
 
 def forget_rendered() -> None:
