@@ -184,10 +184,10 @@ KNOWN: dict[str, dict[str, tuple[str, ...]]] = {
     "_lossless_token_text": {
         "6e1200eabcb400fe": ("0.5.21", "0.5.22", "0.5.23"),
     },
-    "token_id_to_bytes": {
-        "50eeb9be9ef369b1": ("0.5.21", "0.5.22", "0.5.23"),
-    },
     "_is_byte_level_tokenizer": {
         "67dd5cfea8bb2843": ("0.5.21", "0.5.22", "0.5.23"),
+    },
+    "token_id_to_bytes": {
+        "50eeb9be9ef369b1": ("0.5.21", "0.5.22", "0.5.23"),
     },
 }

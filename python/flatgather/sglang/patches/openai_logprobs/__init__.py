@@ -130,15 +130,17 @@ class OpenAILogprobs(Patch[types.FunctionType, tuple[Callable, Answered]]):
         return Candidate(swaps=(swap,), applied=(OPENAI,))
 
     def vouch(self, target, original):
-        known_code(NAME, None, original)
+        # Callees before callers: a caller's fingerprint covers its
+        # callees', and the refusal names the function that changed.
         lossless = self._lossless(original)
         if lossless is not None:
-            known_code(LOSSLESS, None, lossless)
             for name in LOSSLESS_READS:
                 fn = original.__globals__.get(name)
                 if not isinstance(fn, types.FunctionType):
                     raise Refused(f"{LOSSLESS} calls {name}, not a plain function of its module")
                 known_code(name, None, fn)
+            known_code(LOSSLESS, None, lossless)
+        known_code(NAME, None, original)
         return ()
 
 

@@ -53,9 +53,11 @@ __all__ = [
 NAME = "to_openai_style_logprobs"
 LOSSLESS = "_lossless_token_text"
 """The 0.5.21+ helper the replacement calls for the texts it cannot pass."""
-LOSSLESS_READS = ("token_id_to_bytes", "_is_byte_level_tokenizer")
+LOSSLESS_READS = ("_is_byte_level_tokenizer", "token_id_to_bytes")
 """The module's functions ``_lossless_token_text`` calls: with it, what a
-remembered text rests on."""
+remembered text rests on. Callee first (``token_id_to_bytes`` calls the
+other), so a refusal names the innermost code that is not known: a
+caller's fingerprint covers its callees'."""
 PIECES = ("convert_ids_to_tokens", "get_vocab")
 """The tokenizer's methods those read."""
 _FFFD = "\ufffd"
