@@ -289,12 +289,23 @@ def window(counts: Path, main_pid: int, client_pid: int | None) -> dict:
             role = {main_pid: "tokenizer manager", client_pid: "client"}.get(pid, "other")
         row = out.setdefault(
             role,
-            {"processes": 0, "cpu_s": 0.0, "gc_collections": [0, 0, 0], "frames": 0, "bytes": 0},
+            {
+                "processes": 0,
+                "cpu_s": 0.0,
+                "gc_collections": [0, 0, 0],
+                "gc_s": [0.0, 0.0, 0.0],
+                "frames": 0,
+                "bytes": 0,
+            },
         )
         row["processes"] += 1
         row["cpu_s"] += a["cpu_s"] - b["cpu_s"]
         for g, (x, y) in enumerate(zip(b["gc_collections"], a["gc_collections"], strict=True)):
             row["gc_collections"][g] += y - x
+        for g, (x, y) in enumerate(
+            zip(b.get("gc_s", [0.0] * 3), a.get("gc_s", [0.0] * 3), strict=True)
+        ):
+            row["gc_s"][g] += y - x
         row["frames"] += a["sent"]["frames"] - b["sent"]["frames"]
         row["bytes"] += a["sent"]["bytes"] - b["sent"]["bytes"]
         pickled = row.setdefault("pickled", {})
@@ -624,6 +635,12 @@ class Bench:
                     "gc0": p["gc_collections"][0] / served,
                     "gc": [n / served for n in p["gc_collections"]],
                     "cpu_ms": 1e3 * p["cpu_s"] / served,
+                    # The collector's share apart: full collections are few
+                    # and dear, and fall in or out of a window by chance.
+                    "gc_ms": 1e3 * sum(p["gc_s"]) / served,
+                    "cpu_net_ms": 1e3 * (p["cpu_s"] - sum(p["gc_s"])) / served,
+                    "full_collections": p["gc_collections"][2],
+                    "full_gc_ms": 1e3 * p["gc_s"][2] / max(p["gc_collections"][2], 1),
                     "pickled": {k: v[1] / served for k, v in p.get("pickled", {}).items()},
                     "pickle_ms": 1e3 * sum(v[2] for v in p.get("pickled", {}).values()) / served,
                 }
@@ -890,7 +907,17 @@ def summarize(rows: list[dict], profiled: list[dict], cprofiled: list[dict]) -> 
         out[f"{side}_per_request"] = {
             role: {
                 key: statistics.median(r[side]["per_request"][role][key] for r in rows)
-                for key in ("bytes", "gc0", "cpu_ms", "pickle_ms")
+                for key in (
+                    "bytes",
+                    "gc0",
+                    "cpu_ms",
+                    "pickle_ms",
+                    "gc_ms",
+                    "cpu_net_ms",
+                    "full_collections",
+                    "full_gc_ms",
+                )
+                if all(key in r[side]["per_request"][role] for r in rows)
             }
             for role in ROLES
         }
@@ -1132,6 +1159,45 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
                 + "".join(f"| {pr[role]['cpu_ms']:.2f} " for role in ROLES)
                 + "|"
             )
+    if all(
+        "cpu_net_ms" in s[f"{side}_per_request"][role]
+        for s in results.values()
+        for side in SIDES
+        for role in ROLES
+    ):
+        lines += [
+            "",
+            "**The garbage collector apart** (the same rounds and medians): the full "
+            "(generation-2) collections in one engine's timed calls and the CPU ms each took "
+            "(a full collection walks every object of the process, so it costs the same "
+            "whichever request set it off, and whether one falls inside the timed calls is "
+            "chance: one more adds its whole cost to the process's CPU per request), the CPU "
+            "ms per request spent collecting (any generation), and each process's CPU ms per "
+            "request without it. Each collection is timed by the clock of the thread that "
+            "ran it.",
+            "",
+            "| running requests | side | full collections: tokenizer manager | scheduler "
+            "| detokenizer | ms each: tokenizer manager | scheduler | detokenizer "
+            "| GC ms per request: tokenizer manager | scheduler | detokenizer "
+            "| CPU ms without GC: tokenizer manager | scheduler | detokenizer |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for running, s in results.items():
+            for side in SIDES:
+                pr = s[f"{side}_per_request"]
+                lines.append(
+                    f"| {running} | {SIDE_NAMES[side]} "
+                    + "".join(f"| {pr[role]['full_collections']:g} " for role in ROLES)
+                    + "".join(
+                        f"| {pr[role]['full_gc_ms']:.0f} "
+                        if pr[role]["full_collections"]
+                        else "| - "
+                        for role in ROLES
+                    )
+                    + "".join(f"| {pr[role]['gc_ms']:.3f} " for role in ROLES)
+                    + "".join(f"| {pr[role]['cpu_net_ms']:.2f} " for role in ROLES)
+                    + "|"
+                )
     if args.profile_rounds:
         lines += [
             "",
