@@ -58,12 +58,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import itertools
 import json
 import math
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -325,108 +323,6 @@ def window(counts: Path, main_pid: int, client_pid: int | None) -> dict:
     return out
 
 
-SAMPLE_RATE = 500
-"""py-spy's samples per second in each process (``--profiler py-spy``):
-a tokenizer manager at 2 ms of CPU a request gives ~300 samples over 320
-requests. Each sampler reads its process's memory without pausing it, on
-the same cores."""
-
-
-def start_samplers(counts: Path, py_spy: str, rate: int) -> list:
-    """py-spy on every live process of the engine that registered in
-    ``counts`` (this one included), sampling without pausing them, idle
-    threads left out, each sample's frames named by their function's first
-    line (the label cProfile gives them)."""
-    samplers = []
-    for pid in sorted(int(p.stem) for p in counts.glob("*.alive")):
-        if not _alive(pid):
-            continue
-        out = counts / f"{pid}.py-spy.txt"
-        samplers.append(
-            subprocess.Popen(
-                [
-                    py_spy,
-                    "record",
-                    "--pid",
-                    str(pid),
-                    "--rate",
-                    str(rate),
-                    "--format",
-                    "raw",
-                    "--nonblocking",
-                    "--function",
-                    "--full-filenames",
-                    "--output",
-                    str(out),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=(counts / f"{pid}.py-spy.log").open("w"),
-            )
-        )
-    return samplers
-
-
-def stop_samplers(samplers: list) -> None:
-    """Stop each sampler as Ctrl-C does (it then writes what it sampled)."""
-    import signal
-
-    for sampler in samplers:
-        sampler.send_signal(signal.SIGINT)
-    for sampler in samplers:
-        try:
-            sampler.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            sampler.kill()
-
-
-_FRAME = re.compile(r"^(?P<name>.*) \((?P<path>.*):(?P<line>\d+)\)$")
-
-
-def sampled_profile(lines, rate: int) -> dict:
-    """py-spy's collapsed stacks (``frame;frame;... count``, outermost
-    first) as the profile dict cProfile's snapshots give (label ->
-    ``[samples, seconds inside, seconds own, {callee: seconds}]``), each
-    sample worth ``1/rate`` s: own time is the innermost Python frame's (the
-    C functions it calls are inside it: a sampler sees no builtins), a
-    function is inside a sample once however often it recurs, and so is a
-    caller-callee pair."""
-    out: dict[str, list] = {}
-    for raw in lines:
-        stack, _, count = raw.rstrip("\n").rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        seconds = int(count) / rate
-        labels = []
-        for frame in stack.split(";"):
-            m = _FRAME.match(frame)
-            # py-spy names a method by its qualified name, cProfile by its
-            # code's: the reports match on the latter.
-            name = m["name"].rsplit(".", 1)[-1] if m else ""
-            labels.append(f"{m['path']}:{m['line']}({name})" if m else frame)
-        for label in set(labels):
-            entry = out.setdefault(label, [0, 0.0, 0.0, {}])
-            entry[0] += int(count)
-            entry[1] += seconds
-        out[labels[-1]][2] += seconds
-        for caller, callee in set(itertools.pairwise(labels)):
-            if caller != callee:
-                callees = out[caller][3]
-                callees[callee] = callees.get(callee, 0.0) + seconds
-    return out
-
-
-def _roles(counts: Path, main_pid: int, client_pid: int | None) -> dict[int, str]:
-    """Each process that wrote both snapshots, by role."""
-    out = {}
-    for path in sorted(counts.glob("*-after.json")):
-        pid = int(path.name.split("-", 1)[0])
-        role = json.loads(path.read_text())["role"]
-        if role == "main":
-            role = {main_pid: "tokenizer manager", client_pid: "client"}.get(pid, "other")
-        out[pid] = role
-    return out
-
-
 def _serve_http(spec: dict, batch: dict, on_warm, on_done) -> tuple[float, list]:
     """The same calls through ``python -m sglang.launch_server`` and a real
     HTTP client, one batch ``POST /generate`` (or, for the OpenAI client,
@@ -476,28 +372,16 @@ def serve(spec_path: Path) -> int:
 
     sitecustomize.MANUAL = True
 
-    samplers: list = []
-
     def on_warm() -> None:
         # After the warm-up call, before the timed ones: the counters'
         # window is the timed calls alone, this process's exactly.
         mark(counts, "before")
         sitecustomize.snapshot("before")
-        if spec.get("py_spy"):
-            samplers.extend(start_samplers(counts, spec["py_spy"], spec["py_spy_rate"]))
 
     def on_done(main_pid: int, client_pid: int | None) -> None:
-        # The samplers first: the snapshots are no part of the profile.
-        stop_samplers(samplers)
         sitecustomize.snapshot("after")
         mark(counts, "after")
         processes.update(window(counts, main_pid, client_pid))
-        if samplers:
-            for pid, role in _roles(counts, main_pid, client_pid).items():
-                path = counts / f"{pid}.py-spy.txt"
-                if role in ROLES and path.exists():
-                    with path.open() as f:
-                        processes[role]["profile"] = sampled_profile(f, spec["py_spy_rate"])
 
     if spec["client"] in ("http", "openai"):
         startup_s, results = _serve_http(spec, batch, on_warm, on_done)
@@ -658,7 +542,6 @@ class Bench:
         self.shape = args.shape
         # The OpenAI endpoints decode every token's text: a tokenizer.
         self.texts = args.texts or args.client == "openai"
-        self.py_spy = args.py_spy if args.profiler == "py-spy" else None
         self.reference: dict[tuple[int, str], tuple[str, list[list]]] = {}
         """Per size and kind of answer (with logprobs, or the floor's), the
         first engine's tag and its answers to each call."""
@@ -691,8 +574,6 @@ class Bench:
             "chunked_prefill_size": 8192,
             "calls": 1 + self.calls,
         }
-        if profile == "processes" and self.py_spy:
-            spec |= {"py_spy": self.py_spy, "py_spy_rate": SAMPLE_RATE}
         spec_path = self.work / f"{tag}.spec.json"
         spec_path.write_text(json.dumps(spec))
         env = self.harness.environment("plain", flatgather, self.work / f"{tag}.trace")
@@ -710,7 +591,7 @@ class Bench:
         profile_path = self.work / f"{tag}.profile.json"
         if profile == "scheduler":
             env["FLATGATHER_ENGINE_PROFILE"] = str(profile_path)
-        elif profile == "processes" and not self.py_spy:
+        elif profile == "processes":
             env["FLATGATHER_BENCH_CPROFILE"] = "1"
         proc = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--serve", str(spec_path)],
@@ -779,9 +660,7 @@ class Bench:
                 (self.work / f"{tag}.{role.replace(' ', '-')}.cprofile.json").write_text(
                     json.dumps(full)
                 )
-                row["processes"][role] = process_profile(
-                    full, processes[role]["cpu_s"], served, sampled=bool(self.py_spy)
-                )
+                row["processes"][role] = process_profile(full, processes[role]["cpu_s"], served)
         return row
 
     def _compare_ids(self, running: int, tag: str, calls: list[list]) -> None:
@@ -930,16 +809,10 @@ def _short(label: str) -> str:
     return f"{rest[rest.rfind('(') + 1 : -1]} ({path}:{rest[: rest.find('(')]})"
 
 
-def _any_name(label: str) -> str:
-    """The function name of any profile label (a library's too)."""
-    return label[label.rfind("(") + 1 : -1]
-
-
-def _union_s(profile: dict, names: set[str], name=_name) -> float:
-    """The time inside any of the named functions (``name`` reads a label's),
-    a call of one by another counted once (direct calls; deeper nesting
-    would count twice)."""
-    members = {label for label in profile if name(label) in names}
+def _union_s(profile: dict, names: set[str]) -> float:
+    """The time inside any of the named functions, a call of one by another
+    counted once (direct calls; deeper nesting would count twice)."""
+    members = {label for label in profile if _name(label) in names}
     total = sum(profile[label][1] for label in members)
     nested = sum(
         s
@@ -950,20 +823,11 @@ def _union_s(profile: dict, names: set[str], name=_name) -> float:
     return total - nested
 
 
-PICKLE_SAMPLED = {"send_pyobj", "recv_pyobj", "counted_send_pyobj"}
-"""Pickling, where a sampler profiled (it sees no builtins): the functions
-that pickle a message and send it, or receive one and unpickle it (idle
-threads are not sampled, so a receive's wait is left out)."""
-
-
-def process_profile(profile: dict, cpu_s: float, served: int, sampled: bool = False) -> dict:
+def process_profile(profile: dict, cpu_s: float, served: int) -> dict:
     """One process's profile over the timed calls: the shares of its CPU time
     in the logprob functions, the output streaming and pickling, and its top
     functions by own time and by time inside (the server's code)."""
-    if sampled:
-        pickle_s = _union_s(profile, PICKLE_SAMPLED, _any_name)
-    else:
-        pickle_s = sum(profile[label][1] for label in PICKLE if label in profile)
+    pickle_s = sum(profile[label][1] for label in PICKLE if label in profile)
     work = {k: v for k, v in profile.items() if not WAITS.search(k) and _name(k) not in NOT_LISTED}
     step_s = _union_s(profile, STEP_FUNCTIONS)
     if step_s > 0:
@@ -1368,24 +1232,12 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
                 + "|"
             )
     if args.cprofile_rounds:
-        if getattr(args, "profiler", "cprofile") == "py-spy":
-            how = (
-                f"py-spy sampling every thread of each process of the server from outside, "
-                f"{SAMPLE_RATE} times a second, threads that wait left out, its rounds only, "
-                "the timed calls alone, the first such round; it pauses nothing, so the code "
-                "runs at its own speed, but a sampler sees Python frames only: a builtin's "
-                "time is its caller's own"
-            )
-        else:
-            how = (
-                "`cProfile` in the main thread of each process of the server, its rounds only, "
-                "the timed calls alone, the first such round; the profiler slows Python code "
-                "most, so the shares lean towards it; its clock is the main thread's CPU time, "
-                "so waiting and being descheduled count nothing"
-            )
         lines += [
             "",
-            f"**Every process's profile** ({how}). "
+            "**Every process's profile** (`cProfile` in the main thread of each process of "
+            "the server, its rounds only, the timed calls alone, the first such round; "
+            "the profiler slows Python code most, so the shares lean towards it; its clock "
+            "is the main thread's CPU time, so waiting and being descheduled count nothing). "
             "Each share "
             "is of the process's CPU time, the scheduler's of its step (`run_batch` plus "
             "`process_batch_result`: between batches it spins in its idle loop, `on_idle`, "
@@ -1394,13 +1246,7 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
             "`convert_logprob_style`, `add_logprob_to_meta_info` and `detokenize_*` and the "
             "scheduler's gathers and `add_*logprob_return_values` (a direct call of one by "
             "another counted once); *output streaming* the scheduler's `stream_output`; "
-            + (
-                "*pickling* the sockets' `send_pyobj` and `recv_pyobj` (the messages between "
-                "processes)."
-                if getattr(args, "profiler", "cprofile") == "py-spy"
-                else "*pickling* `pickle.dumps` and `pickle.loads` (the messages between "
-                "processes)."
-            ),
+            "*pickling* `pickle.dumps` and `pickle.loads` (the messages between processes).",
             "",
             "| running requests | side | process | CPU ms per request (profiled) "
             "| the share's whole, ms per request | logprob functions, ms (share) "
@@ -1589,19 +1435,6 @@ def main(argv: list[str] | None = None) -> int:
         help="rounds per size with cProfile in every process of the server, apart",
     )
     parser.add_argument(
-        "--profiler",
-        choices=("cprofile", "py-spy"),
-        default="cprofile",
-        help="what profiles every process in the --cprofile-rounds: cProfile (every "
-        f"call, slows Python code most) or py-spy sampling from outside ({SAMPLE_RATE} "
-        "samples a second, no builtins of its own)",
-    )
-    parser.add_argument(
-        "--py-spy",
-        default=shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")),
-        help="the py-spy program for --profiler py-spy",
-    )
-    parser.add_argument(
         "--client",
         choices=("engine", "http", "openai"),
         default="engine",
@@ -1634,8 +1467,6 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", type=Path, help="keep every engine's spec, answers and log here"
     )
     args = parser.parse_args(argv)
-    if args.profiler == "py-spy" and not os.access(args.py_spy, os.X_OK):
-        parser.error(f"--profiler py-spy: no py-spy program at {args.py_spy} (give --py-spy)")
     if args.client == "openai" and args.shape != "echo":
         parser.error("--client openai sends the echo-scoring shape: give --shape echo")
     if args.texts and args.client != "http":
