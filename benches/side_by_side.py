@@ -34,15 +34,19 @@ class SideBySide:
         ratio = stats.ratio(vars(measured["release"]), vars(measured["flatgather"]))
         self.rows.append((name, measured["release"].median, measured["flatgather"].median, ratio))
 
-    def report(self, what: str) -> None:
-        """The table, its first column headed ``what``, then the warnings."""
+    def report(
+        self, what: str, per: int = 1, names: tuple[str, str] = ("release", "flatgather")
+    ) -> None:
+        """The table, its first column headed ``what``, then the warnings;
+        the times divided by ``per``, the two sides named ``names``."""
         from flatgather.bench import machine
 
-        print(f"\n| {what} | release | flatgather | release / flatgather (95%) |")
+        one, two = names
+        print(f"\n| {what} | {one} | {two} | {one} / {two} (95%) |")
         print("|---|---|---|---|")
         for name, a, b, r in self.rows:
             print(
-                f"| {name} | {a * 1e3:.3f} ms | {b * 1e3:.3f} ms | "
+                f"| {name} | {a * 1e3 / per:.3f} ms | {b * 1e3 / per:.3f} ms | "
                 f"{r['median']:.2f}x ({r['low']:.2f}-{r['high']:.2f}) |"
             )
         for warning in machine.judge(self.load, machine.DEFAULT_MAX_OTHER_LOAD):
