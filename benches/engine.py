@@ -395,6 +395,11 @@ def serve(spec_path: Path) -> int:
         try:
             for i in range(spec["calls"]):
                 if i == 1:
+                    if spec.get("freeze_gc"):
+                        # What launch_server does after its warm-up: every
+                        # process's objects so far out of the collector's
+                        # reach (SGLang's own Engine.freeze_gc).
+                        engine.freeze_gc()
                     on_warm()
                 sent = time.perf_counter()
                 outs = engine.generate(**batch)
@@ -542,6 +547,7 @@ class Bench:
         self.shape = args.shape
         # The OpenAI endpoints decode every token's text: a tokenizer.
         self.texts = args.texts or args.client == "openai"
+        self.freeze_gc = args.freeze_gc
         self.reference: dict[tuple[int, str], tuple[str, list[list]]] = {}
         """Per size and kind of answer (with logprobs, or the floor's), the
         first engine's tag and its answers to each call."""
@@ -573,6 +579,7 @@ class Bench:
             "texts": self.texts,
             "chunked_prefill_size": 8192,
             "calls": 1 + self.calls,
+            "freeze_gc": self.freeze_gc,
         }
         spec_path = self.work / f"{tag}.spec.json"
         spec_path.write_text(json.dumps(spec))
@@ -975,7 +982,13 @@ def _served_by(args) -> str:
             "(`urllib`), every prompt as token ids with `echo`, `logprobs: 5`, `max_tokens: 1` "
             "(the floor: `echo` alone)"
         )
-    return "`sglang.Engine`, one `Engine.generate` call a batch"
+    frozen = (
+        ", `Engine.freeze_gc()` after the warm-up call on every side (what `launch_server` "
+        "does after its warm-up)"
+        if getattr(args, "freeze_gc", False)
+        else ""
+    )
+    return f"`sglang.Engine`, one `Engine.generate` call a batch{frozen}"
 
 
 def _workload(args) -> str:
@@ -1456,6 +1469,13 @@ def main(argv: list[str] | None = None) -> int:
         "requests with logprobs ask for each token's text (return_text_in_logprobs)",
     )
     parser.add_argument(
+        "--freeze-gc",
+        action="store_true",
+        help="with --client engine: after the warm-up call, Engine.freeze_gc() on every "
+        "side (what launch_server does after its warm-up), so that a full collection no "
+        "longer walks the objects made at start-up",
+    )
+    parser.add_argument(
         "--max-minutes",
         type=float,
         help=f"past the first {MIN_ROUNDS} timing rounds, start none that would likely end the "
@@ -1469,6 +1489,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.client == "openai" and args.shape != "echo":
         parser.error("--client openai sends the echo-scoring shape: give --shape echo")
+    if args.freeze_gc and args.client != "engine":
+        parser.error("--freeze-gc is for --client engine (launch_server freezes on its own)")
     if args.texts and args.client != "http":
         parser.error(
             "--texts needs --client http (Engine.generate takes no return_text_in_logprobs)"
