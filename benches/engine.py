@@ -1028,6 +1028,15 @@ def _each_process(results: dict):
                 yield running, side, role, s[f"{side}_processes"][role]
 
 
+def _per_request_rows(results: dict, cells) -> list[str]:
+    """A table row per size and side: ``cells`` of its per-request figures."""
+    return [
+        f"| {running} | {SIDE_NAMES[side]} " + cells(s[f"{side}_per_request"]) + "|"
+        for running, s in results.items()
+        for side in SIDES
+    ]
+
+
 def markdown(release: str, results: dict, args, command: str, machine: dict) -> str:
     import platform
 
@@ -1162,16 +1171,14 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
         "| scheduler | detokenizer | CPU ms: tokenizer manager | scheduler | detokenizer |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for running, s in results.items():
-        for side in SIDES:
-            pr = s[f"{side}_per_request"]
-            lines.append(
-                f"| {running} | {SIDE_NAMES[side]} "
-                f"| {pr['scheduler']['bytes']:,.0f} | {pr['detokenizer']['bytes']:,.0f} "
-                + "".join(f"| {pr[role]['gc0']:.2f} " for role in ROLES)
-                + "".join(f"| {pr[role]['cpu_ms']:.2f} " for role in ROLES)
-                + "|"
-            )
+    lines += _per_request_rows(
+        results,
+        lambda pr: (
+            f"| {pr['scheduler']['bytes']:,.0f} | {pr['detokenizer']['bytes']:,.0f} "
+            + "".join(f"| {pr[role]['gc0']:.2f} " for role in ROLES)
+            + "".join(f"| {pr[role]['cpu_ms']:.2f} " for role in ROLES)
+        ),
+    )
     if all(
         "cpu_net_ms" in s[f"{side}_per_request"][role]
         for s in results.values()
@@ -1195,22 +1202,18 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
             "| CPU ms without GC: tokenizer manager | scheduler | detokenizer |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for running, s in results.items():
-            for side in SIDES:
-                pr = s[f"{side}_per_request"]
-                lines.append(
-                    f"| {running} | {SIDE_NAMES[side]} "
-                    + "".join(f"| {pr[role]['full_collections']:g} " for role in ROLES)
-                    + "".join(
-                        f"| {pr[role]['full_gc_ms']:.0f} "
-                        if pr[role]["full_collections"]
-                        else "| - "
-                        for role in ROLES
-                    )
-                    + "".join(f"| {pr[role]['gc_ms']:.3f} " for role in ROLES)
-                    + "".join(f"| {pr[role]['cpu_net_ms']:.2f} " for role in ROLES)
-                    + "|"
+        lines += _per_request_rows(
+            results,
+            lambda pr: (
+                "".join(f"| {pr[role]['full_collections']:g} " for role in ROLES)
+                + "".join(
+                    f"| {pr[role]['full_gc_ms']:.0f} " if pr[role]["full_collections"] else "| - "
+                    for role in ROLES
                 )
+                + "".join(f"| {pr[role]['gc_ms']:.3f} " for role in ROLES)
+                + "".join(f"| {pr[role]['cpu_net_ms']:.2f} " for role in ROLES)
+            ),
+        )
     if args.profile_rounds:
         lines += [
             "",

@@ -19,7 +19,6 @@ requests.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from side_by_side import SideBySide  # noqa: E402 - beside this script
+from side_by_side import SideBySide, arguments  # noqa: E402 - beside this script
 
 SHAPES = (
     # name, positions, top k, texts
@@ -39,14 +38,7 @@ SHAPES = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=15)
-    parser.add_argument("--sample-s", type=float, default=0.05)
-    args = parser.parse_args(argv)
-
-    import torch
-
-    torch.set_num_threads(1)
+    args = arguments(__doc__, argv)
     import sglang.srt.layers.logits_processor  # noqa: F401 - before the stand-in
     from flatgather.testing import install_sgl_kernel_stand_in
 

@@ -8,7 +8,21 @@ interval, and the run warns when other processes kept the machine busy."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
+
+
+def arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """The scripts' shared command line (``--samples``, ``--sample-s``),
+    parsed; torch is pinned to one thread before anything is timed."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=15)
+    parser.add_argument("--sample-s", type=float, default=0.05)
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    return args
 
 
 class SideBySide:

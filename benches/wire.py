@@ -27,7 +27,6 @@ the cost, not the pickle.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import itertools
 import pickle
@@ -37,6 +36,8 @@ from array import array
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from side_by_side import SideBySide, arguments
 
 SHAPES = (
     # name, prompt positions (low, high), output tokens (low, high), top k, token ids
@@ -118,17 +119,9 @@ def rebuild(flat: list) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=15)
-    parser.add_argument("--sample-s", type=float, default=0.05)
-    args = parser.parse_args(argv)
-
-    import torch
-
-    torch.set_num_threads(1)
+    args = arguments(__doc__, argv)
     import sglang
     import sglang.srt.managers.io_struct as io
-    from side_by_side import SideBySide
 
     cls = io.BatchTokenIDOutput
     send = SideBySide(args.samples, args.sample_s)
