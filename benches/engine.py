@@ -300,12 +300,9 @@ def window(counts: Path, main_pid: int, client_pid: int | None) -> dict:
         )
         row["processes"] += 1
         row["cpu_s"] += a["cpu_s"] - b["cpu_s"]
-        for g, (x, y) in enumerate(zip(b["gc_collections"], a["gc_collections"], strict=True)):
-            row["gc_collections"][g] += y - x
-        for g, (x, y) in enumerate(
-            zip(b.get("gc_s", [0.0] * 3), a.get("gc_s", [0.0] * 3), strict=True)
-        ):
-            row["gc_s"][g] += y - x
+        for key in ("gc_collections", "gc_s"):  # per generation
+            for g, (x, y) in enumerate(zip(b[key], a[key], strict=True)):
+                row[key][g] += y - x
         row["frames"] += a["sent"]["frames"] - b["sent"]["frames"]
         row["bytes"] += a["sent"]["bytes"] - b["sent"]["bytes"]
         pickled = row.setdefault("pickled", {})
@@ -924,7 +921,6 @@ def summarize(rows: list[dict], profiled: list[dict], cprofiled: list[dict]) -> 
                     "full_collections",
                     "full_gc_ms",
                 )
-                if all(key in r[side]["per_request"][role] for r in rows)
             }
             for role in ROLES
         }
@@ -1179,41 +1175,35 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
             + "".join(f"| {pr[role]['cpu_ms']:.2f} " for role in ROLES)
         ),
     )
-    if all(
-        "cpu_net_ms" in s[f"{side}_per_request"][role]
-        for s in results.values()
-        for side in SIDES
-        for role in ROLES
-    ):
-        lines += [
-            "",
-            "**The garbage collector apart** (the same rounds and medians): the full "
-            "(generation-2) collections in one engine's timed calls and the CPU ms each took "
-            "(a full collection walks every object of the process, so it costs the same "
-            "whichever request set it off, and whether one falls inside the timed calls is "
-            "chance: one more adds its whole cost to the process's CPU per request), the CPU "
-            "ms per request spent collecting (any generation), and each process's CPU ms per "
-            "request without it. Each collection is timed by the clock of the thread that "
-            "ran it.",
-            "",
-            "| running requests | side | full collections: tokenizer manager | scheduler "
-            "| detokenizer | ms each: tokenizer manager | scheduler | detokenizer "
-            "| GC ms per request: tokenizer manager | scheduler | detokenizer "
-            "| CPU ms without GC: tokenizer manager | scheduler | detokenizer |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        lines += _per_request_rows(
-            results,
-            lambda pr: (
-                "".join(f"| {pr[role]['full_collections']:g} " for role in ROLES)
-                + "".join(
-                    f"| {pr[role]['full_gc_ms']:.0f} " if pr[role]["full_collections"] else "| - "
-                    for role in ROLES
-                )
-                + "".join(f"| {pr[role]['gc_ms']:.3f} " for role in ROLES)
-                + "".join(f"| {pr[role]['cpu_net_ms']:.2f} " for role in ROLES)
-            ),
-        )
+    lines += [
+        "",
+        "**The garbage collector apart** (the same rounds and medians): the full "
+        "(generation-2) collections in one engine's timed calls and the CPU ms each took "
+        "(a full collection walks every object of the process, so it costs the same "
+        "whichever request set it off, and whether one falls inside the timed calls is "
+        "chance: one more adds its whole cost to the process's CPU per request), the CPU "
+        "ms per request spent collecting (any generation), and each process's CPU ms per "
+        "request without it. Each collection is timed by the clock of the thread that "
+        "ran it.",
+        "",
+        "| running requests | side | full collections: tokenizer manager | scheduler "
+        "| detokenizer | ms each: tokenizer manager | scheduler | detokenizer "
+        "| GC ms per request: tokenizer manager | scheduler | detokenizer "
+        "| CPU ms without GC: tokenizer manager | scheduler | detokenizer |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += _per_request_rows(
+        results,
+        lambda pr: (
+            "".join(f"| {pr[role]['full_collections']:g} " for role in ROLES)
+            + "".join(
+                f"| {pr[role]['full_gc_ms']:.0f} " if pr[role]["full_collections"] else "| - "
+                for role in ROLES
+            )
+            + "".join(f"| {pr[role]['gc_ms']:.3f} " for role in ROLES)
+            + "".join(f"| {pr[role]['cpu_net_ms']:.2f} " for role in ROLES)
+        ),
+    )
     if args.profile_rounds:
         lines += [
             "",

@@ -1,10 +1,11 @@
-"""The release's function against flatgather's, timed side by side in one
-process: what ``benches/front_end.py`` and ``benches/openai_logprobs.py``
-share. Each shape is measured with the samples interleaved and the order
-rotating (:func:`flatgather.bench.stats.measure_side_by_side`), the
-machine's load recorded around it; the table gives the release's time over
-flatgather's, the median of the per-round ratios with its bootstrap 95%
-interval, and the run warns when other processes kept the machine busy."""
+"""The release's code against another side (flatgather's, or a floor), timed
+side by side in one process: what ``benches/front_end.py``,
+``benches/openai_logprobs.py`` and ``benches/wire.py`` share. Each shape is
+measured with the samples interleaved and the order rotating
+(:func:`flatgather.bench.stats.measure_side_by_side`), the machine's load
+recorded around it; the table gives the release's time over the other
+side's, the median of the per-round ratios with its bootstrap 95% interval,
+and the run warns when other processes kept the machine busy."""
 
 from __future__ import annotations
 

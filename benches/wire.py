@@ -33,11 +33,8 @@ import pickle
 import random
 import sys
 from array import array
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from side_by_side import SideBySide, arguments
+from side_by_side import SideBySide, arguments  # beside this script, first on sys.path
 
 SHAPES = (
     # name, prompt positions (low, high), output tokens (low, high), top k, token ids
