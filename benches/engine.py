@@ -31,8 +31,10 @@ Three things keep the figure from passing by accident:
   ratios with a 95% t-interval over rounds, and the doc says whether that
   interval excludes 1.0. The bench's own counters (``benches/engine_site``)
   run on every side alike: a wrapper per message a process sends, and a
-  thread that wakes 20 times a second; over the timed calls they give each
-  process's bytes sent, garbage collections and CPU time per request.
+  thread that wakes 20 times a second, and a CPU clock read around each
+  model forward and each sampling call; over the timed calls they give each
+  process's bytes sent, garbage collections and CPU time per request, and
+  how much of the scheduler's went to the model forward and to sampling.
 - **The profiles run apart.** After the timing rounds, ``--profile-rounds``
   rounds run with the scheduler's profile (``tests/engine/site``): its step
   time and the time spent in the functions whose loops flatgather replaces;
@@ -62,6 +64,7 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -303,6 +306,11 @@ def window(counts: Path, main_pid: int, client_pid: int | None) -> dict:
         for key in ("gc_collections", "gc_s"):  # per generation
             for g, (x, y) in enumerate(zip(b[key], a[key], strict=True)):
                 row[key][g] += y - x
+        stages = row.setdefault("stages", {})
+        for stage, (n, seconds) in a["stages"].items():
+            n0, seconds0 = b["stages"][stage]
+            was = stages.get(stage, [0, 0.0])
+            stages[stage] = [was[0] + n - n0, was[1] + seconds - seconds0]
         row["frames"] += a["sent"]["frames"] - b["sent"]["frames"]
         row["bytes"] += a["sent"]["bytes"] - b["sent"]["bytes"]
         pickled = row.setdefault("pickled", {})
@@ -589,7 +597,10 @@ class Bench:
         for name in [k for k in env if k.startswith("FLATGATHER_ENGINE_")]:
             del env[name]
         counts = self.work / f"{tag}.counts"
-        counts.mkdir(parents=True, exist_ok=True)
+        # A kept --workdir holds an earlier run's engines' snapshots, under
+        # the same tag: they would count as this engine's processes.
+        shutil.rmtree(counts, ignore_errors=True)
+        counts.mkdir(parents=True)
         env["PYTHONPATH"] = os.pathsep.join([str(SITE), env["PYTHONPATH"]])
         env["FLATGATHER_BENCH_COUNTS"] = str(counts)
         profile_path = self.work / f"{tag}.profile.json"
@@ -647,6 +658,12 @@ class Bench:
                     "full_gc_ms": 1e3 * p["gc_s"][2] / max(p["gc_collections"][2], 1),
                     "pickled": {k: v[1] / served for k, v in p.get("pickled", {}).items()},
                     "pickle_ms": 1e3 * sum(v[2] for v in p.get("pickled", {}).values()) / served,
+                    # The model runner's stages, where this process ran them.
+                    **{
+                        f"{stage}_ms": 1e3 * seconds / served
+                        for stage, (_, seconds) in p["stages"].items()
+                    },
+                    "stage_calls": {stage: n for stage, (n, _) in p["stages"].items()},
                 }
                 for role, p in processes.items()
             },
@@ -920,6 +937,8 @@ def summarize(rows: list[dict], profiled: list[dict], cprofiled: list[dict]) -> 
                     "cpu_net_ms",
                     "full_collections",
                     "full_gc_ms",
+                    "forward_ms",
+                    "sample_ms",
                 )
             }
             for role in ROLES
@@ -1031,6 +1050,68 @@ def _per_request_rows(results: dict, cells) -> list[str]:
         for running, s in results.items()
         for side in SIDES
     ]
+
+
+def cost_parts(pr: dict) -> dict[str, float]:
+    """Where a side's CPU per request goes, in ms, its collector apart: the
+    scheduler's model forward, its sampling, the rest of the scheduler (the
+    scheduling, the result processing, the output streaming, its idle loop),
+    and the tokenizer manager."""
+    sched = pr["scheduler"]
+    parts = {
+        "the model forward": sched["forward_ms"],
+        "sampling": sched["sample_ms"],
+        "the rest of the scheduler": sched["cpu_net_ms"] - sched["forward_ms"] - sched["sample_ms"],
+        "the tokenizer manager": pr["tokenizer manager"]["cpu_net_ms"],
+    }
+    return parts | {"all four": sum(parts.values())}
+
+
+def cost_lines(results: dict) -> list[str]:
+    """The logprobs' cost per request by where it lies: each side's parts,
+    and the two logprob sides' excess over the floor's."""
+    names = list(cost_parts(next(iter(results.values()))["floor_per_request"]))
+    lines = [
+        "",
+        "**Where the logprobs cost** (the same rounds and medians, the collector apart): "
+        "the scheduler's CPU ms per request split by the model runner's two stages, each "
+        "timed by the clock of the thread that ran it: *the model forward* (`ModelRunner."
+        "forward`: the model, the logits processor, the input logprobs and flatgather's "
+        "pruning), *sampling* (`ModelRunner.sample` and `compute_logprobs_only`: the "
+        "sampler, with the output logprobs' vocabulary-wide `log_softmax`, top-k and id "
+        "gathers, and flatgather's gathers there), *the rest of the scheduler* (its CPU "
+        "without the collector, less the two stages: scheduling, the result processing, "
+        "the output streaming, the copies to the host, its idle loop), and the tokenizer "
+        "manager's CPU without the collector. For stock and flatgather, the part over "
+        "the floor's (what the logprobs cost there) in brackets.",
+        "",
+        "| running requests | side | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for running, s in results.items():
+        floor = cost_parts(s["floor_per_request"])
+        for side in SIDES:
+            parts = cost_parts(s[f"{side}_per_request"])
+            cells = [
+                f"{parts[n]:.2f}"
+                if side == "floor"
+                else f"{parts[n]:.2f} ({parts[n] - floor[n]:+.2f})"
+                for n in names
+            ]
+            lines.append(f"| {running} | {SIDE_NAMES[side]} | " + " | ".join(cells) + " |")
+    for running, s in results.items():
+        floor = cost_parts(s["floor_per_request"])
+        over = {n: v - floor[n] for n, v in cost_parts(s["on_per_request"]).items()}
+        whole = over.pop("all four")
+        if whole <= 0:
+            continue
+        shares = ", ".join(f"{n} {v:+.2f} ms ({v / whole:.0%})" for n, v in over.items())
+        lines += [
+            "",
+            f"At {running} running, flatgather's logprobs cost {whole:.2f} ms a request over "
+            f"the floor: {shares}.",
+        ]
+    return lines
 
 
 def markdown(release: str, results: dict, args, command: str, machine: dict) -> str:
@@ -1204,6 +1285,7 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
             + "".join(f"| {pr[role]['cpu_net_ms']:.2f} " for role in ROLES)
         ),
     )
+    lines += cost_lines(results)
     if args.profile_rounds:
         lines += [
             "",

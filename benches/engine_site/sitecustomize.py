@@ -19,7 +19,15 @@ With ``FLATGATHER_BENCH_COUNTS`` naming a directory, each process:
   CPU seconds, the garbage collector's collections and the CPU seconds they
   took per generation, and which
   of the server's processes it is (told by the function at the bottom of its
-  main thread's stack: the scheduler's and the detokenizer's entry points).
+  main thread's stack: the scheduler's and the detokenizer's entry points);
+- in the process that runs the model (the scheduler), times the model
+  runner's two stages by the CPU clock of the thread that runs them: its
+  ``forward`` (the model, the logits processor, the input logprobs) and its
+  sampling (``sample`` and ``compute_logprobs_only``: the sampler, with the
+  output logprobs' vocabulary-wide ``log_softmax``, top-k and id gathers).
+  They are wrapped from the watching thread as soon as the release's
+  ``ModelRunner`` class exists, long before the first mark; a stage called
+  inside another is counted once, in the outer one.
 
 The bench writes the mark before and after the calls it measures and reads
 the differences, so start-up and shutdown never count.
@@ -77,6 +85,11 @@ _profiler = None
 _gc_s = [0.0, 0.0, 0.0]
 """CPU seconds spent in the garbage collector, per generation collected."""
 _gc_started = [0.0]
+_stages: dict[str, list] = {"forward": [0, 0.0], "sample": [0, 0.0]}
+"""Model runner stage -> [calls, CPU seconds of the thread that ran it]."""
+STAGES = {"forward": "forward", "sample": "sample", "compute_logprobs_only": "sample"}
+"""``ModelRunner`` method -> the stage it is counted in."""
+_stages_wrapped = [False]
 MANUAL = False
 """Set by a process that writes its own snapshots (the bench's client, at the
 exact edges of its calls) rather than leave them to the watching thread."""
@@ -173,7 +186,48 @@ def _counters() -> dict:
         "gc_s": list(_gc_s),
         "sent": dict(_sent),
         "pickled": {k: list(v) for k, v in _pickled.items()},
+        "stages": {k: list(v) for k, v in _stages.items()},
     }
+
+
+def _wrap_stages() -> bool:
+    """Time the model runner's stages (see the module's docstring); True once
+    done (a process that never loads the model runner asks every tick: one
+    dictionary lookup)."""
+    import functools
+    import threading
+    import time
+
+    module = sys.modules.get("sglang.srt.model_executor.model_runner")
+    cls = getattr(module, "ModelRunner", None)
+    if cls is None:
+        return False
+    clock = time.thread_time
+    inside = threading.local()
+
+    def timed(method, stage):
+        entry = _stages[stage]
+
+        @functools.wraps(method)
+        def wrapper(*args, **kwargs):
+            if getattr(inside, "stage", False):
+                return method(*args, **kwargs)
+            inside.stage = True
+            started = clock()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                entry[1] += clock() - started
+                entry[0] += 1
+                inside.stage = False
+
+        return wrapper
+
+    for name, stage in STAGES.items():
+        method = cls.__dict__.get(name)
+        if method is not None:
+            setattr(cls, name, timed(method, stage))
+    return True
 
 
 def snapshot(label: str) -> None:
@@ -210,6 +264,8 @@ def _watch() -> None:
     seen = None
     while True:
         time.sleep(POLL_S)
+        if not _stages_wrapped[0]:
+            _stages_wrapped[0] = _wrap_stages()
         try:
             with open(mark) as f:
                 label = f.read().strip()
