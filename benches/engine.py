@@ -1081,8 +1081,11 @@ def cost_lines(results: dict) -> list[str]:
         "sampler, with the output logprobs' vocabulary-wide `log_softmax`, top-k and id "
         "gathers, and flatgather's gathers there), *the rest of the scheduler* (its CPU "
         "without the collector, less the two stages: scheduling, the result processing, "
-        "the output streaming, the copies to the host, its idle loop), and the tokenizer "
-        "manager's CPU without the collector. For stock and flatgather, the part over "
+        "the output streaming, the copies to the host, and its idle loop, which spins "
+        "between batches, so that while the scheduler waits on the tokenizer manager this "
+        "part grows with no logprob work done; the profile of every process, where it ran, "
+        "gives the idle loop apart), and the tokenizer manager's CPU without the "
+        "collector. For stock and flatgather, the part over "
         "the floor's (what the logprobs cost there) in brackets.",
         "",
         "| running requests | side | " + " | ".join(names) + " |",
