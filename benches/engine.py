@@ -31,10 +31,11 @@ Three things keep the figure from passing by accident:
   ratios with a 95% t-interval over rounds, and the doc says whether that
   interval excludes 1.0. The bench's own counters (``benches/engine_site``)
   run on every side alike: a wrapper per message a process sends, and a
-  thread that wakes 20 times a second, and a CPU clock read around each
-  model forward and each sampling call; over the timed calls they give each
-  process's bytes sent, garbage collections and CPU time per request, and
-  how much of the scheduler's went to the model forward and to sampling.
+  thread that wakes 20 times a second, and a CPU clock read around each of
+  the scheduler's steps, model forwards and sampling calls; over the timed
+  calls they give each process's bytes sent, garbage collections and CPU
+  time per request, and how much of the scheduler's went to its steps, and
+  in them to the model forward and to sampling.
 - **The profiles run apart.** After the timing rounds, ``--profile-rounds``
   rounds run with the scheduler's profile (``tests/engine/site``): its step
   time and the time spent in the functions whose loops flatgather replaces;
@@ -937,6 +938,7 @@ def summarize(rows: list[dict], profiled: list[dict], cprofiled: list[dict]) -> 
                     "cpu_net_ms",
                     "full_collections",
                     "full_gc_ms",
+                    "step_ms",
                     "forward_ms",
                     "sample_ms",
                 )
@@ -1053,18 +1055,20 @@ def _per_request_rows(results: dict, cells) -> list[str]:
 
 
 def cost_parts(pr: dict) -> dict[str, float]:
-    """Where a side's CPU per request goes, in ms, its collector apart: the
-    scheduler's model forward, its sampling, the rest of the scheduler (the
-    scheduling, the result processing, the output streaming, its idle loop),
-    and the tokenizer manager."""
+    """Where a side's CPU per request goes, in ms, its collector apart: in
+    the scheduler's steps, the model forward, the sampling and the rest (the
+    result processing, the output streaming, the copies to the host); the
+    scheduler outside its steps (receiving, scheduling, its idle loop); and
+    the tokenizer manager."""
     sched = pr["scheduler"]
     parts = {
         "the model forward": sched["forward_ms"],
         "sampling": sched["sample_ms"],
-        "the rest of the scheduler": sched["cpu_net_ms"] - sched["forward_ms"] - sched["sample_ms"],
+        "the rest of the step": sched["step_ms"] - sched["forward_ms"] - sched["sample_ms"],
+        "the scheduler outside its steps": sched["cpu_net_ms"] - sched["step_ms"],
         "the tokenizer manager": pr["tokenizer manager"]["cpu_net_ms"],
     }
-    return parts | {"all four": sum(parts.values())}
+    return parts | {"all five": sum(parts.values())}
 
 
 def cost_lines(results: dict) -> list[str]:
@@ -1074,19 +1078,19 @@ def cost_lines(results: dict) -> list[str]:
     lines = [
         "",
         "**Where the logprobs cost** (the same rounds and medians, the collector apart): "
-        "the scheduler's CPU ms per request split by the model runner's two stages, each "
+        "the scheduler's CPU ms per request split by its steps (`Scheduler.run_batch` and "
+        "`process_batch_result`) and, inside them, the model runner's two stages, each "
         "timed by the clock of the thread that ran it: *the model forward* (`ModelRunner."
         "forward`: the model, the logits processor, the input logprobs and flatgather's "
         "pruning), *sampling* (`ModelRunner.sample` and `compute_logprobs_only`: the "
         "sampler, with the output logprobs' vocabulary-wide `log_softmax`, top-k and id "
-        "gathers, and flatgather's gathers there), *the rest of the scheduler* (its CPU "
-        "without the collector, less the two stages: scheduling, the result processing, "
-        "the output streaming, the copies to the host, and its idle loop, which spins "
-        "between batches, so that while the scheduler waits on the tokenizer manager this "
-        "part grows with no logprob work done; the profile of every process, where it ran, "
-        "gives the idle loop apart), and the tokenizer manager's CPU without the "
-        "collector. For stock and flatgather, the part over "
-        "the floor's (what the logprobs cost there) in brackets.",
+        "gathers, and flatgather's gathers there), *the rest of the step* (the result "
+        "processing, the output streaming, the copies to the host), *the scheduler outside "
+        "its steps* (its CPU without the collector, less its steps: receiving, scheduling, "
+        "and its idle loop, which spins between batches, so that while the scheduler waits "
+        "on the tokenizer manager this part grows with no logprob work done), and the "
+        "tokenizer manager's CPU without the collector. For stock and flatgather, the part "
+        "over the floor's (what the logprobs cost there) in brackets.",
         "",
         "| running requests | side | " + " | ".join(names) + " |",
         "|---|---|" + "---|" * len(names),
@@ -1105,7 +1109,7 @@ def cost_lines(results: dict) -> list[str]:
     for running, s in results.items():
         floor = cost_parts(s["floor_per_request"])
         over = {n: v - floor[n] for n, v in cost_parts(s["on_per_request"]).items()}
-        whole = over.pop("all four")
+        whole = over.pop("all five")
         if whole <= 0:
             continue
         shares = ", ".join(f"{n} {v:+.2f} ms ({v / whole:.0%})" for n, v in over.items())

@@ -20,14 +20,15 @@ With ``FLATGATHER_BENCH_COUNTS`` naming a directory, each process:
   took per generation, and which
   of the server's processes it is (told by the function at the bottom of its
   main thread's stack: the scheduler's and the detokenizer's entry points);
-- in the process that runs the model (the scheduler), times the model
-  runner's two stages by the CPU clock of the thread that runs them: its
-  ``forward`` (the model, the logits processor, the input logprobs) and its
-  sampling (``sample`` and ``compute_logprobs_only``: the sampler, with the
-  output logprobs' vocabulary-wide ``log_softmax``, top-k and id gathers).
-  They are wrapped from the watching thread as soon as the release's
-  ``ModelRunner`` class exists, long before the first mark; a stage called
-  inside another is counted once, in the outer one.
+- in the process that runs the model (the scheduler), times by the CPU
+  clock of the thread that runs them its steps (``Scheduler.run_batch`` and
+  ``process_batch_result``) and, inside them, the model runner's two
+  stages: its ``forward`` (the model, the logits processor, the input
+  logprobs) and its sampling (``sample`` and ``compute_logprobs_only``: the
+  sampler, with the output logprobs' vocabulary-wide ``log_softmax``, top-k
+  and id gathers). They are wrapped from the watching thread as soon as the
+  release's classes exist, long before the first mark; a stage called
+  inside itself (one sampling function calling the other) is counted once.
 
 The bench writes the mark before and after the calls it measures and reads
 the differences, so start-up and shutdown never count.
@@ -85,11 +86,22 @@ _profiler = None
 _gc_s = [0.0, 0.0, 0.0]
 """CPU seconds spent in the garbage collector, per generation collected."""
 _gc_started = [0.0]
-_stages: dict[str, list] = {"forward": [0, 0.0], "sample": [0, 0.0]}
-"""Model runner stage -> [calls, CPU seconds of the thread that ran it]."""
-STAGES = {"forward": "forward", "sample": "sample", "compute_logprobs_only": "sample"}
-"""``ModelRunner`` method -> the stage it is counted in."""
-_stages_wrapped = [False]
+_stages: dict[str, list] = {"step": [0, 0.0], "forward": [0, 0.0], "sample": [0, 0.0]}
+"""Stage -> [calls, CPU seconds of the thread that ran it]."""
+STAGES = {
+    ("sglang.srt.managers.scheduler", "Scheduler"): {
+        "run_batch": "step",
+        "process_batch_result": "step",
+    },
+    ("sglang.srt.model_executor.model_runner", "ModelRunner"): {
+        "forward": "forward",
+        "sample": "sample",
+        "compute_logprobs_only": "sample",
+    },
+}
+"""(module, class) -> {method: the stage it is counted in}."""
+_stages_wrapped: set = set()
+"""The classes of ``STAGES`` already wrapped."""
 MANUAL = False
 """Set by a process that writes its own snapshots (the bench's client, at the
 exact edges of its calls) rather than leave them to the watching thread."""
@@ -191,43 +203,47 @@ def _counters() -> dict:
 
 
 def _wrap_stages() -> bool:
-    """Time the model runner's stages (see the module's docstring); True once
-    done (a process that never loads the model runner asks every tick: one
-    dictionary lookup)."""
+    """Time the stages of every class of ``STAGES`` that exists by now (see
+    the module's docstring); True once all are done (a process that never
+    loads them asks every tick: a dictionary lookup a class)."""
     import functools
     import threading
     import time
 
-    module = sys.modules.get("sglang.srt.model_executor.model_runner")
-    cls = getattr(module, "ModelRunner", None)
-    if cls is None:
-        return False
     clock = time.thread_time
-    inside = threading.local()
+    active = threading.local()
 
     def timed(method, stage):
         entry = _stages[stage]
 
         @functools.wraps(method)
         def wrapper(*args, **kwargs):
-            if getattr(inside, "stage", False):
+            running = active.__dict__.setdefault("stages", set())
+            if stage in running:
                 return method(*args, **kwargs)
-            inside.stage = True
+            running.add(stage)
             started = clock()
             try:
                 return method(*args, **kwargs)
             finally:
                 entry[1] += clock() - started
                 entry[0] += 1
-                inside.stage = False
+                running.discard(stage)
 
         return wrapper
 
-    for name, stage in STAGES.items():
-        method = cls.__dict__.get(name)
-        if method is not None:
-            setattr(cls, name, timed(method, stage))
-    return True
+    for (module_name, class_name), methods in STAGES.items():
+        if (module_name, class_name) in _stages_wrapped:
+            continue
+        cls = getattr(sys.modules.get(module_name), class_name, None)
+        if cls is None:
+            continue
+        for name, stage in methods.items():
+            method = cls.__dict__.get(name)
+            if method is not None:
+                setattr(cls, name, timed(method, stage))
+        _stages_wrapped.add((module_name, class_name))
+    return len(_stages_wrapped) == len(STAGES)
 
 
 def snapshot(label: str) -> None:
@@ -264,8 +280,8 @@ def _watch() -> None:
     seen = None
     while True:
         time.sleep(POLL_S)
-        if not _stages_wrapped[0]:
-            _stages_wrapped[0] = _wrap_stages()
+        if len(_stages_wrapped) < len(STAGES):
+            _wrap_stages()
         try:
             with open(mark) as f:
                 label = f.read().strip()
