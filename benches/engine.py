@@ -659,7 +659,8 @@ class Bench:
                     "full_gc_ms": 1e3 * p["gc_s"][2] / max(p["gc_collections"][2], 1),
                     "pickled": {k: v[1] / served for k, v in p.get("pickled", {}).items()},
                     "pickle_ms": 1e3 * sum(v[2] for v in p.get("pickled", {}).values()) / served,
-                    # The model runner's stages, where this process ran them.
+                    # The timed stages (the scheduler's steps, the model runner's
+                    # forward and sampling), where this process ran them: 0 elsewhere.
                     **{
                         f"{stage}_ms": 1e3 * seconds / served
                         for stage, (_, seconds) in p["stages"].items()

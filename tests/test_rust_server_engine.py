@@ -68,11 +68,8 @@ def _apart_from_rounding(x: bytes, y: bytes) -> str | None:
 def _batches(served: harness.Served) -> list[str]:
     """The prefill batches the scheduler logged, in order: requests, new and
     cached tokens, and how many were already running."""
-    return [
-        BATCH.search(line).group(0) + " " + RUNNING.search(line).group(0)
-        for line in served.log.splitlines()
-        if BATCH.search(line) and RUNNING.search(line)
-    ]
+    found = ((BATCH.search(line), RUNNING.search(line)) for line in served.log.splitlines())
+    return [f"{batch.group(0)} {running.group(0)}" for batch, running in found if batch and running]
 
 
 def _compare(stock: harness.Served, flat: harness.Served) -> tuple[bool, int]:
