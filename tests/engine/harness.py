@@ -300,28 +300,33 @@ def stream_events(body: bytes) -> dict[tuple[int, int], bytes]:
     return events
 
 
-def compare_stream(stock: bytes, flat: bytes) -> tuple[str | None, int]:
+def _apart(x: bytes, y: bytes) -> str | None:
+    """Where two bodies differ (or None): byte for byte."""
+    return None if x == y else _around(x, y)
+
+
+def compare_stream(stock: bytes, flat: bytes, apart=_apart) -> tuple[str | None, int]:
     """Where two streams differ (or None), and how many events were compared.
 
     The tokenizer manager sends a streaming client the latest of the outputs
     waiting for it: when it falls behind the scheduler for a step (a busy
     machine), two steps go out as one event, on either side. So events are
     matched by the tokens they cover: each event both sides sent is compared
-    byte for byte (after ``normalized``), the last events and the terminator
-    too, and each side's events must cover the same tokens in the end."""
+    byte for byte (after ``normalized``; or by ``apart``, which says where
+    two events differ), the last events and the terminator too, and each
+    side's events must cover the same tokens in the end."""
     a, b = stream_events(normalized(stock)), stream_events(normalized(flat))
     last = (list(a)[-2], list(b)[-2]) if len(a) > 1 and len(b) > 1 else (None, None)
     if last[0] is None or max(k[1] for k in a) != max(k[1] for k in b):
         return f"the streams cover other tokens: off {list(a)} on {list(b)}", 0
-    if a[list(a)[-1]] != b[list(b)[-1]] or a[last[0]] != b[last[1]]:
-        return (
-            f"the streams end differently: off {a[last[0]][:300]!r} on {b[last[1]][:300]!r}",
-            0,
-        )
+    end = apart(a[list(a)[-1]], b[list(b)[-1]]) or apart(a[last[0]], b[last[1]])
+    if end is not None:
+        return f"the streams end differently: {end}", 0
     common = [k for k in a if k in b]
     for key in common:
-        if a[key] != b[key]:
-            return f"event {key}: off {_around(a[key], b[key])}", len(common)
+        difference = apart(a[key], b[key])
+        if difference is not None:
+            return f"event {key}: off {difference}", len(common)
     return None, len(common)
 
 
