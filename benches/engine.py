@@ -931,6 +931,11 @@ def summarize(rows: list[dict], profiled: list[dict], cprofiled: list[dict]) -> 
             role: {
                 key: statistics.median(r[side]["per_request"][role][key] for r in rows)
                 for key in (
+                    *(  # timed from 7e4526d on
+                        k
+                        for k in ("streaming_ms",)
+                        if all(k in r[side]["per_request"][role] for r in rows)
+                    ),
                     "bytes",
                     "gc0",
                     "cpu_ms",
@@ -1062,14 +1067,22 @@ def cost_parts(pr: dict) -> dict[str, float]:
     scheduler outside its steps (receiving, scheduling, its idle loop); and
     the tokenizer manager."""
     sched = pr["scheduler"]
+    streaming = sched.get("streaming_ms")  # timed by runs from 7e4526d on
     parts = {
         "the model forward": sched["forward_ms"],
         "sampling": sched["sample_ms"],
-        "the rest of the step": sched["step_ms"] - sched["forward_ms"] - sched["sample_ms"],
+        **({} if streaming is None else {"the output streaming": streaming}),
+        "the rest of the step": sched["step_ms"]
+        - sched["forward_ms"]
+        - sched["sample_ms"]
+        - (streaming or 0.0),
         "the scheduler outside its steps": sched["cpu_net_ms"] - sched["step_ms"],
         "the tokenizer manager": pr["tokenizer manager"]["cpu_net_ms"],
     }
-    return parts | {"all five": sum(parts.values())}
+    return parts | {ALL[len(parts)]: sum(parts.values())}
+
+
+ALL = {5: "all five", 6: "all six"}
 
 
 def cost_lines(results: dict) -> list[str]:
@@ -1085,8 +1098,16 @@ def cost_lines(results: dict) -> list[str]:
         "forward`: the model, the logits processor, the input logprobs and flatgather's "
         "pruning), *sampling* (`ModelRunner.sample` and `compute_logprobs_only`: the "
         "sampler, with the output logprobs' vocabulary-wide `log_softmax`, top-k and id "
-        "gathers, and flatgather's gathers there), *the rest of the step* (the result "
-        "processing, the output streaming, the copies to the host), *the scheduler outside "
+        "gathers, and flatgather's gathers there), "
+        + (
+            "*the output streaming* (`stream_output`: each step's output message built, a "
+            "dozen logprob fields a request, pickled and sent), *the rest of the step* (the "
+            "result processing, the copies to the host), "
+            if "the output streaming" in names
+            else "*the rest of the step* (the result processing, the output streaming, the "
+            "copies to the host), "
+        )
+        + "*the scheduler outside "
         "its steps* (its CPU without the collector, less its steps: receiving, scheduling, "
         "and its idle loop, which spins between batches, so that while the scheduler waits "
         "on the tokenizer manager this part grows with no logprob work done), and the "
@@ -1110,7 +1131,7 @@ def cost_lines(results: dict) -> list[str]:
     for running, s in results.items():
         floor = cost_parts(s["floor_per_request"])
         over = {n: v - floor[n] for n, v in cost_parts(s["on_per_request"]).items()}
-        whole = over.pop("all five")
+        whole = over.pop(ALL[len(over) - 1])
         if whole <= 0:
             continue
         shares = ", ".join(f"{n} {v:+.2f} ms ({v / whole:.0%})" for n, v in over.items())

@@ -26,7 +26,9 @@ With ``FLATGATHER_BENCH_COUNTS`` naming a directory, each process:
   stages: its ``forward`` (the model, the logits processor, the input
   logprobs) and its sampling (``sample`` and ``compute_logprobs_only``: the
   sampler, with the output logprobs' vocabulary-wide ``log_softmax``, top-k
-  and id gathers). They are wrapped from the watching thread as soon as the
+  and id gathers), and the output streamer's ``stream_output`` (building each
+  step's output message, a dozen logprob fields per request, and sending it:
+  the pickling included). They are wrapped from the watching thread as soon as the
   release's classes exist, long before the first mark; a stage called
   inside itself (one sampling function calling the other) is counted once.
 
@@ -86,8 +88,6 @@ _profiler = None
 _gc_s = [0.0, 0.0, 0.0]
 """CPU seconds spent in the garbage collector, per generation collected."""
 _gc_started = [0.0]
-_stages: dict[str, list] = {"step": [0, 0.0], "forward": [0, 0.0], "sample": [0, 0.0]}
-"""Stage -> [calls, CPU seconds of the thread that ran it]."""
 STAGES = {
     ("sglang.srt.managers.scheduler", "Scheduler"): {
         "run_batch": "step",
@@ -98,8 +98,15 @@ STAGES = {
         "sample": "sample",
         "compute_logprobs_only": "sample",
     },
+    # 0.5.13 on; flatgather patches none of these methods (a wrapper on a
+    # method it patches would be refused by its proof, and the side left stock).
+    ("sglang.srt.managers.scheduler_components.output_streamer", "SchedulerOutputStreamer"): {
+        "stream_output": "streaming",
+    },
 }
 """(module, class) -> {method: the stage it is counted in}."""
+_stages: dict[str, list] = {stage: [0, 0.0] for by in STAGES.values() for stage in by.values()}
+"""Stage -> [calls, CPU seconds of the thread that ran it]."""
 _stages_wrapped: set = set()
 """The classes of ``STAGES`` already wrapped."""
 MANUAL = False
