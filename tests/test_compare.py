@@ -33,3 +33,11 @@ def test_tensor_bytes_dtype_and_shape():
     assert first_difference(torch.tensor([-0.0]), torch.tensor([0.0])) is not None
     assert "dtype" in first_difference(t.double(), t)
     assert "shape" in first_difference(t[:1], t)
+
+
+def test_keys_of_mixed_types_are_told_apart():
+    """A top-k position's dict may hold a ``None`` text among strings: keys
+    that differ are reported, not sorted into a TypeError."""
+    found = first_difference({None: -1.0, "a": -2.0}, {"a": -2.0, "b": -1.0})
+    assert found == "result: keys ['a', 'b'] expected, got ['a', None]"
+    assert first_difference({None: -1.0, "a": -2.0}, {"a": -2.0, None: -1.0}) is None

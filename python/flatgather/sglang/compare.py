@@ -53,7 +53,10 @@ def first_difference(actual, expected, path: str = "result", strides: bool = Fal
         return None
     if isinstance(expected, dict):
         if actual.keys() != expected.keys():
-            return f"{path}: keys {sorted(expected)} expected, got {sorted(actual)}"
+            # Sorted by repr: a dict's keys may mix types (a ``None`` text
+            # among strings, in a top-k position's dict).
+            want, got = sorted(expected, key=repr), sorted(actual, key=repr)
+            return f"{path}: keys {want} expected, got {got}"
         for key in expected:
             where = f"{path}.{key}" if path else str(key)
             found = first_difference(actual[key], expected[key], where, strides)
