@@ -15,7 +15,8 @@ The figure says what each number proves. A function flatgather replaces
 only where its code is known refuses every edit by construction (any edit
 changes the fingerprint): those rows test the gate, and the rows with the
 gate off test the probe and checks, where the suite has an oracle (the
-functions replaced whole behind their side-by-side checks have none here).
+input-logprob producers, replaced whole behind their side-by-side checks,
+have none here: their own tests compare them).
 The rewrites take mutants, and what they put in place is compared with each.
 Every mutant is also run against the unmodified release on the same inputs:
 "distinguished" counts those some input tells apart; one that none tells
@@ -67,10 +68,9 @@ def run_release(release: str, cases: int, grow: int, gate: bool, out: Path) -> d
     cmd = [sys.executable, "-m", "mutation", "--cases", str(cases), "--json", str(out)]
     cmd += ["--grow", str(grow)]
     if not gate:
-        # Only where the suite has an oracle: the functions replaced whole
+        # Only where the suite has an oracle: some functions replaced whole
         # behind their checks have none here (their own tests compare them).
-        cmd += ["--no-shape-gate", "--target", "_get_pruned_states"]
-        cmd += ["--target", "_get_hidden_states_to_store"]
+        cmd += ["--no-shape-gate", "--with-oracle"]
     started = time.monotonic()
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(

@@ -22,12 +22,24 @@ from . import targets
 from .suite import run, summary
 
 
+def _with_oracle(named: list[str] | None) -> list[str]:
+    """The names of the gated targets with an oracle (of ``named``, if given)."""
+    found = [t for t in targets.targets() if t.gated and not t.whole_function]
+    return [t.name for t in found if not named or t.name in named or t.function in named]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mutation")
     parser.add_argument("--sample", type=int, help="mutants per target (all if unset)")
     parser.add_argument("--cases", type=int, default=30, help="random inputs per patched mutant")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", action="append", help="only these targets (by name)")
+    parser.add_argument(
+        "--with-oracle",
+        action="store_true",
+        help="only the functions replaced whole behind their known code that the suite has "
+        "an oracle for (what a run with --no-shape-gate can compare)",
+    )
     parser.add_argument("--json", type=Path, help="write every verdict here")
     parser.add_argument(
         "--grow",
@@ -61,7 +73,7 @@ def main(argv=None) -> int:
             sample=args.sample,
             cases=args.cases,
             seed=args.seed,
-            only=args.target,
+            only=_with_oracle(args.target) if args.with_oracle else args.target,
             progress=progress,
         )
     table = summary(records)

@@ -147,6 +147,42 @@ def _embedding_branch(tree: ast.FunctionDef) -> Callable[[int], bool] | None:
     return None
 
 
+def _within(kind: str, code: str) -> Callable[[ast.FunctionDef], Callable[[int], bool]]:
+    """The lines of the body of an ``if`` whose test is ``code``
+    (``kind="if"``), or of the ``except`` clauses of a ``try`` whose body
+    holds a statement whose code is ``code`` (``kind="except"``)."""
+
+    def lines(tree: ast.FunctionDef) -> Callable[[int], bool]:
+        found = set()
+        for node in ast.walk(tree):
+            if kind == "if" and isinstance(node, ast.If) and ast.unparse(node.test) == code:
+                found.update(range(node.body[0].lineno, node.body[-1].end_lineno + 1))
+            if (
+                kind == "except"
+                and isinstance(node, ast.Try)
+                and any(ast.unparse(b) == code for b in node.body)
+            ):
+                for handler in node.handlers:
+                    found.update(range(handler.lineno, handler.end_lineno + 1))
+        return found.__contains__
+
+    return lines
+
+
+def _last_range(tree: ast.FunctionDef) -> Callable[[int], bool] | None:
+    """The line of the last ``range`` of the byte decoder's first list of
+    printable bytes (``®`` to ``ÿ``)."""
+    ranges = [
+        n.lineno
+        for n in ast.walk(tree.body[0])
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "range"
+    ]
+    if not isinstance(tree.body[0], ast.Assign) or not ranges:
+        return None
+    last = max(ranges)
+    return lambda line: line == last
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "_draft_extend_for_prefill",
@@ -200,6 +236,136 @@ RULES: tuple[Rule, ...] = (
         operator="statement duplicated",
         code=r"`(def append_token_logprobs\(|def append_top_logprobs\(|ret_logprobs = LogProbs\(\)"
         r"|token_text = _lossless_token_text\().*`",
+    ),
+    Rule(
+        "_lossless_token_text",
+        EQUIVALENT,
+        "run twice: a test that returns where it holds is false again where it was (nothing "
+        "between changes what it reads); the byte helpers give a tokenizer and an id the same "
+        "bytes again (their caches spare work, not answers); bytes that fail UTF-8 fail it "
+        "again; the first `try` returns, or passes over that failure, which its copy meets "
+        "again; the second returns (latin-1 decodes any bytes)",
+        operator="statement duplicated",
+        code=r"`(if token_text is not None and '.' not in token_text:|if tokenizer is None or "
+        r"token_id is None:|if raw is None:|raw = token_id_to_bytes\(tokenizer, token_id\)|"
+        r"bytes\(raw\)\.decode\('utf-8'\)|try:)`",
+    ),
+    Rule(
+        "_lossless_token_text",
+        EQUIVALENT,
+        "without a tokenizer or an id the byte helpers answer None (an object with no "
+        "vocabulary fails the byte-level probe, which answers False; an id the tokenizer "
+        "cannot convert raises, which they catch), and the function falls back to the text "
+        "that test returns: dropping the test or its return, or asking for both, changes no "
+        "answer",
+        code=r"`(if tokenizer is None or token_id is None:|tokenizer is None or token_id is "
+        r"None)`",
+    ),
+    Rule(
+        "_lossless_token_text",
+        EQUIVALENT,
+        "the same: what the no-tokenizer test returns is the fallback the helpers lead to",
+        operator="statement dropped",
+        lines=_within("if", "tokenizer is None or token_id is None"),
+    ),
+    Rule(
+        "_lossless_token_text",
+        EQUIVALENT,
+        "the branch is dead: latin-1 decodes any bytes",
+        lines=_within("except", "return bytes(raw).decode('latin-1')"),
+    ),
+    Rule(
+        "token_id_to_bytes",
+        EQUIVALENT,
+        "run twice: a test that returns (or builds the byte decoder) where it holds is false "
+        "again where it was; a `global` declaration, a conversion of the same id, a lookup of "
+        "the same character and an empty `bytearray` bound again change nothing; the probe "
+        "answers a tokenizer the same again",
+        operator="statement duplicated",
+        code=r"`(if not _is_byte_level_tokenizer\(tokenizer\):|global _BYTE_DECODER|if not "
+        r"_BYTE_DECODER:|_BYTE_DECODER = _build_byte_decoder\(\)|try:|if piece is None:|"
+        r"piece = tokenizer\.convert_ids_to_tokens\(token_id\)|b = _BYTE_DECODER\.get\(ch\)|"
+        r"if b is None:|if not out:|out = bytearray\(\))`",
+    ),
+    Rule(
+        "token_id_to_bytes",
+        EQUIVALENT,
+        "an empty piece's bytes, `[]`, decode as UTF-8 to the empty text, so its one caller "
+        "falls back to the same text as for None",
+        operator="statement dropped",
+        code=r"`if not out:`",
+    ),
+    Rule(
+        "token_id_to_bytes",
+        EQUIVALENT,
+        "the same: the empty bytes go on to that caller instead of None",
+        operator="statement dropped",
+        code=r"`return None`",
+        lines=_within("if", "not out"),
+    ),
+    Rule(
+        "_build_byte_decoder",
+        EQUIVALENT,
+        "run twice, the loop over the bytes (or its test) finds every byte already listed "
+        "after the first run, and appends nothing",
+        operator="statement duplicated",
+        code=r"`(for b in range\(2 \*\* 8\):|if b not in bs:)`",
+    ),
+    Rule(
+        "_build_byte_decoder",
+        EQUIVALENT,
+        "the last printable range then takes in 256, whose character, chr(256), the loop "
+        "gives next to byte 0: the dict keeps that later pair, and is the release's",
+        operator="constant",
+        code=r"`(1` -> 2|255` -> 256)",
+        lines=_last_range,
+    ),
+    Rule(
+        "_is_byte_level_tokenizer",
+        EQUIVALENT,
+        "the cache of byte-level tokenizers (by `id`) only spares the probe, which answers a "
+        "live tokenizer the same each time: dropping or repeating a lookup, its return or an "
+        "insertion changes no answer",
+        code=r"`(if tid in _BYTE_LEVEL_TOKENIZERS:|if is_bl:|_BYTE_LEVEL_TOKENIZERS\.add\(tid\))`",
+    ),
+    Rule(
+        "_is_byte_level_tokenizer",
+        EQUIVALENT,
+        "the same: the lookup's `return True` dropped leaves the probe to answer",
+        code=r"`return True`",
+        lines=_within("if", "tid in _BYTE_LEVEL_TOKENIZERS"),
+    ),
+    Rule(
+        "_is_byte_level_tokenizer",
+        EQUIVALENT,
+        "run twice: a test that returns, continues or builds the decoder where it holds is "
+        "false again where it was; the same id, flag, vocabulary size and piece are read "
+        "again; the probe loop run again answers as the first run (which returns, or finds "
+        "nothing); the `try`'s first run always returns",
+        operator="statement duplicated",
+        code=r"`(tid = id\(tokenizer\)|is_bl = getattr\(tokenizer, 'is_byte_level', None\)|"
+        r"if isinstance\(is_bl, bool\):|global _BYTE_DECODER|if not _BYTE_DECODER:|"
+        r"_BYTE_DECODER = _build_byte_decoder\(\)|try:|vocab_size = len\(tokenizer\."
+        r"get_vocab\(\)\)|for sid in sample_ids:|if sid < 0 or sid >= vocab_size:|piece = "
+        r"tokenizer\.convert_ids_to_tokens\(sid\)|if piece is None or not piece:|if any\(\(ch "
+        r"not in _BYTE_DECODER for ch in piece\)\):)`",
+    ),
+    Rule(
+        "_is_byte_level_tokenizer",
+        EQUIVALENT,
+        "its one caller reads the answer as `not ...`: the None returned instead of False "
+        "reads alike",
+        operator="statement dropped",
+        code=r"`return False`",
+        lines=_within("except", "vocab_size = len(tokenizer.get_vocab())"),
+    ),
+    Rule(
+        "_is_byte_level_tokenizer",
+        EQUIVALENT,
+        "`and` for `or`: a None piece still skips (None and True), and an empty one goes on to "
+        "a test over none of its characters, which skips it as well",
+        operator="boolean",
+        code=r"`piece is None or not piece`",
     ),
     Rule(
         "_get_pruned_states",
@@ -367,7 +533,10 @@ def argued(function: str, mutant: Mutant, tree: ast.FunctionDef | None = None) -
 # torch's functions (each returns a new tensor or a value), and the methods
 # that read a tensor or a mode (``is_*``) without writing anything.
 _PURE_BUILTINS = frozenset(
-    {"isinstance", "len", "list", "tuple", "range", "sum", "min", "max", "bool", "int", "float"}
+    {
+        *("isinstance", "len", "list", "tuple", "range", "sum", "min", "max", "bool", "int"),
+        *("float", "ord", "chr", "id", "bytes", "bytearray"),
+    }
 )
 _PURE_METHODS = frozenset(
     {"tolist", "clone", "size", "dim", "item", "view", "reshape", "contiguous", "flatten", "cpu"}

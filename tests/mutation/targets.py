@@ -966,7 +966,11 @@ def _callees(function: types.FunctionType) -> list[str]:
     """The functions of ``function``'s own module that it calls by name."""
     import dis
 
-    names = {i.argval for i in dis.get_instructions(function) if i.opname == "LOAD_GLOBAL"}
+    names, codes = set(), [function.__code__]
+    while codes:  # the function's own code and that of the functions it defines
+        code = codes.pop()
+        names |= {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
     return sorted(
         n
         for n in names
@@ -1069,53 +1073,131 @@ def _openai_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
     from flatgather.sglang.patches import openai_logprobs
     from flatgather.sglang.patches.openai_logprobs import runtime
 
+    # The module's state as it was made, before the patch's checks run it.
+    started = {name: vars(copy)[name] for name in OPENAI_CACHES if name in vars(copy)}
     with _shape_gate():
         result = openai_logprobs.PATCH.prepare(copy)
     new = [s.new for s in result.swaps if s.name == mutant.__name__ and s.target is copy]
     trial = Trial(patched=bool(new), note="; ".join(result.notes))
     lossless = runtime.takes_tokenizer(release)
+
+    def fresh(function, module=None):
+        """``function``, its module's state (``module``: the one it was
+        defined in) put back as it was made, its caches empty, as in a
+        newly started server."""
+        scope = function.__globals__ if module is None else vars(module)
+        for name, value in started.items():
+            scope[name] = type(value)(value)
+        return function
+
     for n in tries(trial, cases, alone=not new):
         rng = inputs.rng(n)
-        args = _openai_inputs(rng)
-        tokenizer = _front_end_tokenizer() if rng.random() < 0.7 else None
+        if n == 0 and lossless:
+            tokenizer, args = _every_byte(rng)
+        else:
+            tokenizer = _openai_tokenizer(n) if lossless else None
+            args = _openai_inputs(rng, tokenizer)
         if lossless:
             args = (*args, tokenizer)
-        where = f"to_openai_style_logprobs{args[:4]!r}{'' if tokenizer else ', no tokenizer'}"
-        base = inputs.release(n, _outcome_object, release, *args)
-        theirs = _outcome_object(mutant, *args)
+        where = f"to_openai_style_logprobs{args[:4]!r}, {_named(tokenizer)}"
+        base = inputs.release(n, _outcome_object, fresh(release), *args)
+        theirs = _outcome_object(fresh(mutant), *args)
         trial.compared += 1
         trial.raised += isinstance(theirs, type)
         trial.tell(_told(theirs, base), where)
         if new:
-            found = _versus(_outcome_object(new[0], *args), theirs, first_difference)
+            found = _versus(_outcome_object(fresh(new[0], copy), *args), theirs, first_difference)
             if found:
                 trial.difference = f"{where}: {found}"
     return trial
 
 
+OPENAI_CACHES = ("_BYTE_DECODER", "_BYTE_LEVEL_TOKENIZERS")
+"""The OpenAI module's state (0.5.21+): the byte decoder, built on first
+use, and the ids of the tokenizers found byte-level. Each input starts with
+them as the module made them, so that an edit of how they fill is seen."""
+
+
+def _every_byte(rng: random.Random) -> tuple:
+    """The first input: every id of the stand-in whose pieces are each
+    byte then 0xFF (never UTF-8, so each comes back as its bytes) and pieces
+    of characters past the byte table, each with U+FFFD for its text."""
+    from . import pieces
+
+    tokenizer = pieces.every_byte()
+    triples = [(-float(i), i, "\ufffd") for i in range(len(tokenizer.pieces))]
+    rng.shuffle(triples)
+    return tokenizer, (None, triples, None, None)
+
+
+def _through(caller: str, trial: Callable[..., Trial]) -> Callable[..., Trial]:
+    """The trial of a module's function that ``caller`` reaches, run on
+    ``caller``: the mutant's is the copy's (it calls the edited function by
+    name), the release's is that of the unedited copy."""
+
+    def through(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
+        return trial(copy, getattr(copy, caller), release.__globals__[caller], inputs, cases)
+
+    return through
+
+
+def _openai_tokenizer(n: int):
+    """Input ``n``'s tokenizer, in turn: the tests' byte-level tokenizer,
+    none, or one of the stand-ins of ``pieces`` (tokenizers the byte helpers
+    read otherwise), so that each meets the mutant before its inputs run out."""
+    from . import pieces
+
+    return [_front_end_tokenizer(), None, *pieces.tokenizers()][n % (2 + len(pieces.tokenizers()))]
+
+
+def _named(tokenizer) -> str:
+    if tokenizer is None:
+        return "no tokenizer"
+    if tokenizer is _front_end_tokenizer():
+        return "the tests' byte-level tokenizer"
+    return repr(tokenizer)
+
+
 def _outcome_object(function, *args):
     """The ``LogProbs`` object as its reader sees it (class, fields set at
-    construction, every list), or the type of what was raised."""
+    construction, every list, each top-k position's dict as its items in
+    order: the order of its JSON), or the type of what was raised."""
     out = _outcome(function, *args)
     if isinstance(out, type):
         return out
     if not hasattr(out, "model_fields_set"):  # a mutant that returns something else
         return {"returned": out}
-    return {"class": type(out).__name__, "set": sorted(out.model_fields_set), **vars(out)}
+    fields = {
+        name: [list(v.items()) if isinstance(v, dict) else v for v in value]
+        if isinstance(value, list)
+        else value
+        for name, value in vars(out).items()
+    }
+    return {"class": type(out).__name__, "set": sorted(out.model_fields_set), **fields}
 
 
-def _openai_inputs(rng: random.Random) -> tuple:
-    """One call's four arguments: token tuples whose texts the tests'
-    byte-level tokenizer decoded (some U+FFFD fragments), ``None`` texts,
-    logprobs and positions at times; top-k positions of 0 to 5 entries."""
+def _openai_inputs(rng: random.Random, tokenizer=None) -> tuple:
+    """One call's four arguments: token tuples with ``None`` logprobs at
+    times; top-k positions of 0 to 5 entries, ``None`` at times. Texts: for
+    a stand-in tokenizer of ``pieces``, what :func:`pieces.text_for` draws
+    (ids past its vocabulary and ``None`` ids at times); else texts the
+    tests' byte-level tokenizer decoded (some U+FFFD fragments), ``None`` or
+    U+FFFD at times."""
     from engine import models
 
-    tokenizer = _front_end_tokenizer()
+    from . import pieces
+
+    decoder = _front_end_tokenizer()
+    stand_in = isinstance(tokenizer, pieces.PieceTokenizer)
 
     def triple() -> tuple:
-        token = rng.randrange(models.VOCAB)
         value = None if rng.random() < 0.05 else rng.uniform(-20.0, 0.0)
-        text = tokenizer.decode([token]) if rng.random() < 0.85 else None
+        if stand_in:
+            token = None if rng.random() < 0.03 else rng.randrange(len(tokenizer.pieces) + 2)
+            return (value, token, pieces.text_for(rng, tokenizer, token))
+        token = rng.randrange(models.VOCAB)
+        roll = rng.random()
+        text = decoder.decode([token]) if roll < 0.8 else None if roll < 0.95 else "\ufffd"
         return (value, token, text)
 
     def tokens(most: int) -> list:
@@ -1162,7 +1244,7 @@ def targets() -> list[Target]:
         for known in patch.known:
             if known.owner is not None or known.imported:
                 continue
-            if known.key in {t.name for t in own_trials}:
+            if known.key in {t.function for t in own_trials}:
                 continue
             located = fingerprints.release_function(known)
             if located is None:
@@ -1190,6 +1272,7 @@ def targets() -> list[Target]:
                     gated=True,
                 )
                 for callee in _callees(fn)
+                if callee not in {t.function for t in own_trials}
             ]
     prefill_module = prefill_result.release_module().__name__
     owner = prefill_result.owner_of(importlib.import_module(prefill_module))
@@ -1260,19 +1343,25 @@ def _front_end_targets() -> list[Target]:
 def _openai_targets() -> list[Target]:
     """The OpenAI layer's ``to_openai_style_logprobs``, replaced whole
     behind its known code, mutated in a copy of its module and compared with
-    what the patch puts in place there (the gate-off run)."""
+    what the patch puts in place there (the gate-off run); and each function
+    of its module it reaches (from 0.5.21 ``_lossless_token_text`` and the
+    byte helpers under it, whose answers the replacement takes as they
+    are), mutated in a copy of the module and judged on the caller."""
     from flatgather.sglang.patches import openai_logprobs
     from flatgather.sglang.patches.openai_logprobs import runtime
 
+    module = openai_logprobs.MODULES[0]
+    caller = getattr(importlib.import_module(module), runtime.NAME)
+    reached, todo = [], [caller]
+    while todo:
+        for name in _callees(todo.pop()):
+            if name not in reached:
+                reached.append(name)
+                todo.append(caller.__globals__[name])
+    through = _through(runtime.NAME, _openai_trial)
     return [
-        Target(
-            runtime.NAME,
-            openai_logprobs.MODULES[0],
-            None,
-            runtime.NAME,
-            _openai_trial,
-            gated=True,
-        )
+        Target(runtime.NAME, module, None, runtime.NAME, _openai_trial, gated=True),
+        *(Target(name, module, None, name, through, gated=True) for name in reached),
     ]
 
 
