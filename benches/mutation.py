@@ -15,8 +15,8 @@ The figure says what each number proves. A function flatgather replaces
 only where its code is known refuses every edit by construction (any edit
 changes the fingerprint): those rows test the gate, and the rows with the
 gate off test the probe and checks, where the suite has an oracle (the
-input-logprob producers, replaced whole behind their side-by-side checks,
-have none here: their own tests compare them).
+input-logprob token-id functions, replaced whole behind their side-by-side
+checks, have none here: their own tests compare them).
 The rewrites take mutants, and what they put in place is compared with each.
 Every mutant is also run against the unmodified release on the same inputs:
 "distinguished" counts those some input tells apart; one that none tells

@@ -367,6 +367,43 @@ RULES: tuple[Rule, ...] = (
         operator="boolean",
         code=r"`piece is None or not piece`",
     ),
+    *(
+        Rule(
+            raw,
+            OUTSIDE,
+            "the prefill branch: the producer the suite judges it through passes "
+            "`LogprobStage.DECODE`, and flatgather replaces only that producer; the logits "
+            "processor's own calls (input logprobs, the prefill stage) run this code as shipped",
+            lines=_branches("stage == LogprobStage.DECODE"),
+        )
+        for raw in ("get_top_logprobs_raw", "get_token_ids_logprobs_raw")
+    ),
+    Rule(
+        "get_top_logprobs_raw",
+        EQUIVALENT,
+        "the same top-k of the same logprobs, bound again",
+        operator="statement duplicated",
+        code=r"`values, indices = logprobs\.topk\(max_k, dim=-1\)`",
+    ),
+    Rule(
+        "get_token_ids_logprobs_raw",
+        EQUIVALENT,
+        "run twice: the same pinning answer, the same id tensor, a new empty row again (its "
+        "first is held by nothing), and a test for no ids that is false once its body made "
+        "them an empty list",
+        operator="statement duplicated",
+        code=r"`(pin_memory = is_pin_memory_available\(logprobs\.device\)|if token_ids is None:|"
+        r"row = logprobs\.new_empty\(\(0,\)\)|token_ids_tensor = torch\.tensor\(token_ids, "
+        r"dtype=torch\.lo.*)`",
+    ),
+    Rule(
+        "get_token_ids_logprobs_raw",
+        CPU,
+        "`non_blocking` of the ids' copy to the logprobs' device: on a CPU there is no copy",
+        operator="constant",
+        code=r"`True` -> False",
+        lines=_statements(r"token_ids_tensor = torch\.tensor\(.*non_blocking=True\)"),
+    ),
     Rule(
         "_get_pruned_states",
         EQUIVALENT,

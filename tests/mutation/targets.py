@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy as copy_module
 import dataclasses
 import functools
 import importlib
@@ -986,6 +987,83 @@ def _outcome(function, *args):
         return type(exc)
 
 
+# --- the output producers (get_top_logprobs, get_token_ids_logprobs) ----------------------
+
+
+def _producer_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
+    """The mutant in a copy of its whole module; what the patch puts in
+    place there is called on the same logprobs and lists. Each input is
+    answered as the decode chain reads it (``no_copy_to_cpu``, then the
+    chain's host copy and ``.tolist()`` per row, as the patch's own check
+    compares) and as the other callers read it (lists at once)."""
+    from flatgather.sglang.patches.output_logprobs import PRODUCER, producers
+
+    with _shape_gate():
+        result = PRODUCER.prepare(copy)
+    new = [s.new for s in result.swaps if s.name == mutant.__name__ and s.target is copy]
+    trial = Trial(patched=bool(new), note="; ".join(result.notes))
+
+    def outcome(fn, call):
+        at_once = _outcome(fn, call.logprobs, copy_module.deepcopy(call.arg), False)
+        return {"chain": producers.answer(fn, call), "lists": at_once}
+
+    for n in tries(trial, cases, alone=not new):
+        # A call of its own for each side: a side may change the lists it is given.
+        call = lambda: _producer_call(inputs.rng(n), mutant.__name__)  # noqa: B023, E731
+        shown = call()
+        where = f"{shown.name}({shown.arg}), {shown.logprobs.shape[0]} rows, {shown.logprobs.dtype}"
+        base = inputs.release(n, outcome, release, call())
+        theirs = outcome(mutant, call())
+        trial.compared += 1
+        trial.raised += "raised" in theirs["chain"]
+        trial.tell(producers.difference(theirs, base), where)
+        if new:
+            found = producers.difference(outcome(new[0], call()), theirs)
+            if found:
+                trial.difference = f"{where}: {found}"
+    return trial
+
+
+def _producer_call(rng: random.Random, name: str):
+    """One call: 1 to 8 rows of logprobs over 2 to 79 ids, in float32 or
+    bfloat16, for as many requests as rows or fewer (the rest padding);
+    top-k numbers from 0 to the vocabulary, at times past it or negative;
+    id lists (or None, or empty) of ids from either end of the vocabulary,
+    repeated at times, at times one past it or a tuple."""
+    from flatgather.sglang.patches.output_logprobs import producers
+    from flatgather.sglang.patches.output_logprobs import runtime as flat_logprobs
+
+    rows, vocab = rng.randrange(1, 9), rng.choice((rng.randrange(2, 31), rng.randrange(30, 80)))
+    dtype = rng.choice((torch.float32, torch.bfloat16))
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    logprobs = (torch.randn(rows, vocab, generator=gen) * 4).to(dtype)
+    asked = rng.randrange(1, rows + 1)
+
+    def top() -> int:
+        roll = rng.random()
+        if roll < 0.05:
+            return vocab + 1
+        if roll < 0.1:
+            return -1
+        return rng.choice((0, 1, 2, rng.randrange(vocab + 1), vocab))
+
+    def ids():
+        roll = rng.random()
+        if roll < 0.2:
+            return None
+        if roll < 0.3:
+            return []
+        made = [rng.randrange(-vocab, vocab) for _ in range(rng.randrange(1, 6))]
+        if rng.random() < 0.2:
+            made.append(made[0])
+        if rng.random() < 0.03:
+            made.append(vocab)
+        return tuple(made) if rng.random() < 0.05 else made
+
+    arg = [top() if name == flat_logprobs.TOP else ids() for _ in range(asked)]
+    return producers.ProducerCall(name, logprobs, arg, True)
+
+
 # --- the front end's logprob tuples ----------------------------------------------------------
 
 
@@ -1232,15 +1310,18 @@ def _stand_ins() -> None:
 def targets() -> list[Target]:
     """The patched functions of the running release that the suite mutates."""
     from flatgather.sglang import patches as rooms
-    from flatgather.sglang.patches import draft_prefill, prefill_result
+    from flatgather.sglang.patches import draft_prefill, output_logprobs, prefill_result
 
     _stand_ins()
     replaced_whole = []
     # The ones with a trial of their own, against an oracle.
     own_trials = _openai_targets()
     # Every other function a patch replaces whole, as the patch declares it
-    # (the code it vouches for by fingerprint), with that patch's own prepare().
+    # (the code it vouches for by fingerprint), with that patch's own prepare();
+    # the output producers and the helpers they call judged on the producer,
+    # the others without an oracle here.
     for patch in rooms.patches():
+        oracle = _producer_trial if patch is output_logprobs.PRODUCER else None
         for known in patch.known:
             if known.owner is not None or known.imported:
                 continue
@@ -1256,9 +1337,11 @@ def targets() -> list[Target]:
                     fn.__module__,
                     None,
                     known.name,
-                    _replaced_whole_trial(patch.prepare),
-                    whole_function=True,
+                    oracle or _replaced_whole_trial(patch.prepare),
+                    whole_function=oracle is None,
                     gated=True,
+                    # A top-k past the vocabulary, an id past it: the release's error.
+                    release_raises=oracle is not None,
                 )
             )
             replaced_whole += [
@@ -1267,9 +1350,12 @@ def targets() -> list[Target]:
                     fn.__module__,
                     None,
                     callee,
-                    _callee_trial(known.name, patch.prepare),
-                    whole_function=True,
+                    _through(known.name, oracle)
+                    if oracle
+                    else _callee_trial(known.name, patch.prepare),
+                    whole_function=oracle is None,
                     gated=True,
+                    release_raises=oracle is not None,
                 )
                 for callee in _callees(fn)
                 if callee not in {t.function for t in own_trials}

@@ -56,7 +56,7 @@ def tolist_each(v):
 
 
 @dataclass(frozen=True)
-class _Call:
+class ProducerCall:
     name: str
     logprobs: torch.Tensor
     arg: list
@@ -67,7 +67,7 @@ class _Call:
 _logprobs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
 
-def producer_calls(name: str) -> Iterator[_Call]:
+def producer_calls(name: str) -> Iterator[ProducerCall]:
     cases = _TOP_CASES if name == flat_logprobs.TOP else _ID_CASES
     for (arg, rows, flat), dtype in itertools.product(cases, (torch.float32, torch.bfloat16)):
         logprobs = _logprobs.get((rows, dtype))
@@ -77,17 +77,20 @@ def producer_calls(name: str) -> Iterator[_Call]:
             logprobs = _logprobs[rows, dtype] = (torch.randn(rows, VOCAB, generator=gen) * 4).to(
                 dtype
             )
-        yield _Call(name, logprobs, [copy.copy(a) for a in arg], flat)
+        yield ProducerCall(name, logprobs, [copy.copy(a) for a in arg], flat)
 
 
-def _answer(fn, call: _Call):
+def answer(fn, call: ProducerCall):
     """What ``fn`` returns for ``call`` and what the release's chain (a host
     copy and ``.tolist()`` per row) makes of each list; the id lists named by
-    the request whose object they are."""
+    the request whose object they are (the check's comparison, and the
+    mutation suite's)."""
     try:
         lists = fn(call.logprobs, call.arg, no_copy_to_cpu=True)
     except Exception as exc:  # compared by type: the same failure, or none
         return {"raised": type(exc).__name__}
+    if not isinstance(lists, (tuple, list)) or len(lists) != 2:
+        return {"returned": lists}  # a fork's, not two lists: compared as it is
     lists = list(lists)
     if call.name == flat_logprobs.TOKEN_IDS:
         owners = {id(a): f"ids[{i}]" for i, a in enumerate(call.arg) if a}
@@ -109,7 +112,7 @@ def verify_producer(original, replacement, answers: Answered, name: str) -> str 
         original,
         replacement,
         producer_calls(name),
-        _answer,
+        answer,
         answers,
         flat=lambda call: call.flat,
         where=lambda call: (
