@@ -1008,8 +1008,12 @@ def _producer_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
         return {"chain": producers.answer(fn, call), "lists": at_once}
 
     for n in tries(trial, cases, alone=not new):
-        # A call of its own for each side: a side may change the lists it is given.
-        call = lambda: _producer_call(inputs.rng(n), mutant.__name__)  # noqa: B023, E731
+
+        def call(n=n):
+            """Input ``n``, made anew for each side: a side may change the
+            lists it is given."""
+            return _producer_call(inputs.rng(n), mutant.__name__)
+
         shown = call()
         where = f"{shown.name}({shown.arg}), {shown.logprobs.shape[0]} rows, {shown.logprobs.dtype}"
         base = inputs.release(n, outcome, release, call())
