@@ -1320,6 +1320,7 @@ def targets() -> list[Target]:
     replaced_whole = []
     # The ones with a trial of their own, against an oracle.
     own_trials = _openai_targets()
+    own = {t.function for t in own_trials}
     # Every other function a patch replaces whole, as the patch declares it
     # (the code it vouches for by fingerprint), with that patch's own prepare();
     # the output producers and the helpers they call judged on the producer,
@@ -1329,7 +1330,7 @@ def targets() -> list[Target]:
         for known in patch.known:
             if known.owner is not None or known.imported:
                 continue
-            if known.key in {t.function for t in own_trials}:
+            if known.key in own:
                 continue
             located = fingerprints.release_function(known)
             if located is None:
@@ -1362,7 +1363,7 @@ def targets() -> list[Target]:
                     release_raises=oracle is not None,
                 )
                 for callee in _callees(fn)
-                if callee not in {t.function for t in own_trials}
+                if callee not in own
             ]
     prefill_module = prefill_result.release_module().__name__
     owner = prefill_result.owner_of(importlib.import_module(prefill_module))
