@@ -987,6 +987,47 @@ def _outcome(function, *args):
         return type(exc)
 
 
+def _raised(outcome) -> bool:
+    """Whether the outcome is an exception's type (what :func:`_outcome`
+    gives for a call that raised)."""
+    return isinstance(outcome, type)
+
+
+def _same_as(got, want) -> str | None:
+    """flatgather's outcome against the mutant's: the same exception (by
+    type), or the same objects."""
+    return _versus(got, want, first_difference)
+
+
+def _judge_calls(
+    trial: Trial, inputs: Inputs, cases: int, sides, draw, outcome, *, raised, told, versus
+) -> Trial:
+    """The loop of the trials whose target is called directly (the output
+    producers, the front end, the OpenAI layer). ``sides`` is the release's
+    function, the mutant and what the patch put in place (None where it
+    refused the mutant). For each input number, ``draw(n)`` gives where the
+    input is told (for the report) and a function that makes the call's
+    arguments, anew for each side; ``outcome(function, *arguments)`` is
+    what a side answers. Each input gives the release's outcome (once for
+    all the target's mutants), the mutant's, whether ``told`` tells them
+    apart and whether the mutant ``raised``; then, where the patch took the
+    mutant, whether ``versus`` finds flatgather's answer unlike the
+    mutant's (a silent difference, the first one kept)."""
+    release, mutant, ours = sides
+    for n in tries(trial, cases, alone=ours is None):
+        where, arguments = draw(n)
+        base = inputs.release(n, outcome, release, *arguments())
+        theirs = outcome(mutant, *arguments())
+        trial.compared += 1
+        trial.raised += raised(theirs)
+        trial.tell(told(theirs, base), where)
+        if ours is not None:
+            found = versus(outcome(ours, *arguments()), theirs)
+            if found:
+                trial.difference = f"{where}: {found}"
+    return trial
+
+
 # --- the output producers (get_top_logprobs, get_token_ids_logprobs) ----------------------
 
 
@@ -1007,25 +1048,27 @@ def _producer_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
         at_once = _outcome(fn, call.logprobs, copy_module.deepcopy(call.arg), False)
         return {"chain": producers.answer(fn, call), "lists": at_once}
 
-    for n in tries(trial, cases, alone=not new):
-
-        def call(n=n):
+    def draw(n):
+        def call():
             """Input ``n``, made anew for each side: a side may change the
             lists it is given."""
-            return _producer_call(inputs.rng(n), mutant.__name__)
+            return (_producer_call(inputs.rng(n), mutant.__name__),)
 
-        shown = call()
+        (shown,) = call()
         where = f"{shown.name}({shown.arg}), {shown.logprobs.shape[0]} rows, {shown.logprobs.dtype}"
-        base = inputs.release(n, outcome, release, call())
-        theirs = outcome(mutant, call())
-        trial.compared += 1
-        trial.raised += "raised" in theirs["chain"]
-        trial.tell(producers.difference(theirs, base), where)
-        if new:
-            found = producers.difference(outcome(new[0], call()), theirs)
-            if found:
-                trial.difference = f"{where}: {found}"
-    return trial
+        return where, call
+
+    return _judge_calls(
+        trial,
+        inputs,
+        cases,
+        (release, mutant, new[0] if new else None),
+        draw,
+        outcome,
+        raised=lambda out: "raised" in out["chain"],
+        told=producers.difference,
+        versus=producers.difference,
+    )
 
 
 def _producer_call(rng: random.Random, name: str):
@@ -1106,7 +1149,8 @@ def _front_end_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial
         detokenize_logprob_tokens = one
 
     top = mutant.__name__ == runtime.TOP
-    for n in tries(trial, cases, alone=not new):
+
+    def draw(n):
         rng = inputs.rng(n)
         manager = Manager()
         # At times no tokenizer (a server started with skip_tokenizer_init).
@@ -1116,16 +1160,19 @@ def _front_end_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial
             f"values {args[0]}, ids {args[1]}, texts {args[2]}"
             f"{'' if manager.tokenizer else ', no tokenizer'}"
         )
-        base = inputs.release(n, _outcome, release, manager, *args)
-        theirs = _outcome(mutant, manager, *args)
-        trial.compared += 1
-        trial.raised += isinstance(theirs, type)
-        trial.tell(_told(theirs, base), where)
-        if new:
-            found = _versus(_outcome(new[0], manager, *args), theirs, first_difference)
-            if found:
-                trial.difference = f"{where}: {found}"
-    return trial
+        return where, lambda: (manager, *args)
+
+    return _judge_calls(
+        trial,
+        inputs,
+        cases,
+        (release, mutant, new[0] if new else None),
+        draw,
+        _outcome,
+        raised=_raised,
+        told=_told,
+        versus=_same_as,
+    )
 
 
 def _front_end_inputs(rng: random.Random, top: bool) -> tuple[list, list, bool]:
@@ -1172,26 +1219,36 @@ def _openai_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
             scope[name] = type(value)(value)
         return function
 
-    for n in tries(trial, cases, alone=not new):
+    ours = new[0] if new else None
+
+    def outcome(function, *args):
+        # flatgather's function lives in flatgather's module: the state put
+        # back is the copy's, whose helpers it calls.
+        return _outcome_object(fresh(function, copy if function is ours else None), *args)
+
+    def draw(n):
         rng = inputs.rng(n)
         if n == 0 and lossless:
             tokenizer, args = _every_byte(rng)
         else:
             tokenizer = _openai_tokenizer(n) if lossless else None
             args = _openai_inputs(rng, tokenizer)
+        where = f"to_openai_style_logprobs{args[:4]!r}, {_named(tokenizer)}"
         if lossless:
             args = (*args, tokenizer)
-        where = f"to_openai_style_logprobs{args[:4]!r}, {_named(tokenizer)}"
-        base = inputs.release(n, _outcome_object, fresh(release), *args)
-        theirs = _outcome_object(fresh(mutant), *args)
-        trial.compared += 1
-        trial.raised += isinstance(theirs, type)
-        trial.tell(_told(theirs, base), where)
-        if new:
-            found = _versus(_outcome_object(fresh(new[0], copy), *args), theirs, first_difference)
-            if found:
-                trial.difference = f"{where}: {found}"
-    return trial
+        return where, lambda: args
+
+    return _judge_calls(
+        trial,
+        inputs,
+        cases,
+        (release, mutant, ours),
+        draw,
+        outcome,
+        raised=_raised,
+        told=_told,
+        versus=_same_as,
+    )
 
 
 OPENAI_CACHES = ("_BYTE_DECODER", "_BYTE_LEVEL_TOKENIZERS")
