@@ -100,16 +100,22 @@ def _storage(tensor):
     ("aux_kind", "layers"),
     [("none", 0), ("list", 1), ("list", 3)] + ([("packed", 3)] if PACKED_AUX else []),
 )
-@pytest.mark.parametrize("start", [0, 4, 7], ids=["scored from 0", "from 4", "start == extend"])
 @pytest.mark.parametrize("before_norm", [False, True])
-def test_a_one_request_forward_is_the_release_s_own(capture, aux_kind, layers, start, before_norm):
-    """One request: its run of rows copied, its sampled aux row sliced lazily.
-    Every output is the release's on the very same input tensors, and what is
-    stored is a tensor of its own wherever the release's is (a single list
-    layer or a packed tensor is stored as handed: a slice of it would alias
-    the model's aux buffer)."""
+def test_a_one_request_forward_is_the_release_s_own(capture, aux_kind, layers, before_norm):
+    """One request, scored from 0, from 4 and from its end (start == extend),
+    one installation for the three: its run of rows copied, its sampled aux
+    row sliced lazily. Every output is the release's on the very same input
+    tensors, and what is stored is a tensor of its own wherever the
+    release's is (a single list layer or a packed tensor is stored as
+    handed: a slice of it would alias the model's aux buffer)."""
     if capture == "LAST" and aux_kind == "list" and not PRUNES_AUX:
         pytest.skip("LAST capture with list aux layers crashes the release (PR #21589)")
+    flatgather.sglang.install()
+    for start in (0, 4, 7):
+        _one_request_forward(capture, aux_kind, layers, start, before_norm)
+
+
+def _one_request_forward(capture, aux_kind, layers, start, before_norm):
     extend = [7]
     input_ids, hidden, before, aux = make_forward_inputs(
         extend, 5, VOCAB, torch.float32, HIDDEN, before_norm, aux_kind, layers, pad=3
@@ -127,13 +133,12 @@ def test_a_one_request_forward_is_the_release_s_own(capture, aux_kind, layers, s
         return out, output_fields(out)
 
     stock, expected = run(stock=True)
-    flatgather.sglang.install()
     ours, got = run(stock=False)
-    assert_same(got, expected)
+    assert_same(got, expected, f"scored from {start}")
     if stock.hidden_states is not None:
         aliased = {_storage(stock.hidden_states)} & {_storage(t) for t in inputs}
         if not aliased:
-            assert _storage(ours.hidden_states) not in {_storage(t) for t in inputs}
+            assert _storage(ours.hidden_states) not in {_storage(t) for t in inputs}, start
 
 
 @pytest.mark.matrix

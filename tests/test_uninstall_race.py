@@ -274,11 +274,15 @@ def _try(fn):
         return exc
 
 
-@pytest.mark.matrix
 def test_threaded_soak_forwards_while_installs_toggle(forwards):
     """Four threads run forwards while the main thread installs and
     uninstalls 25 times: every output is the release's; nothing raises but
-    the release's own crash, where it has one, while uninstalled."""
+    the release's own crash, where it has one, while uninstalled.
+
+    Not a matrix test: what it drives is flatgather's gate, the same on every
+    release; the release's side of it (the lazy path, its aux shapes) takes
+    the three forms of the whole-suite releases, and every release gets the
+    race pinned at its one dangerous point (the test above)."""
     before = dict(vars(LogitsProcessor))
     errors, done, counts = [], threading.Event(), [0] * 4
     toggles = 25
