@@ -40,6 +40,9 @@ class Rule:
     lines: Callable[[ast.FunctionDef], Callable[[int], bool] | None] | None = None
     """Where given: which lines of the function (found in its tree) the rule
     holds for, every edit there."""
+    through: tuple[str, ...] = ()
+    """Where given: the rule holds only for a helper judged through one of
+    these callers (:attr:`targets.Target.through`)."""
 
 
 def _draft_stop(tree: ast.FunctionDef) -> Callable[[int], bool] | None:
@@ -373,10 +376,39 @@ RULES: tuple[Rule, ...] = (
             OUTSIDE,
             "the prefill branch: the producer the suite judges it through passes "
             "`LogprobStage.DECODE`, and flatgather replaces only that producer; the logits "
-            "processor's own calls (input logprobs, the prefill stage) run this code as shipped",
+            "processor's own calls of the prefill stage run this code as shipped (up to 0.5.15 "
+            "the token-id one through `get_token_ids_logprobs_prefill`, judged apart)",
             lines=_branches("stage == LogprobStage.DECODE"),
+            through=("get_top_logprobs", "get_token_ids_logprobs"),
         )
         for raw in ("get_top_logprobs_raw", "get_token_ids_logprobs_raw")
+    ),
+    Rule(
+        "get_token_ids_logprobs_raw",
+        OUTSIDE,
+        "the decode branch: `get_token_ids_logprobs_prefill` passes `LogprobStage.PREFILL`; "
+        "the same edits are judged through the producer `get_token_ids_logprobs`, which runs "
+        "that branch",
+        lines=_within("if", "stage == LogprobStage.DECODE"),
+        through=("get_token_ids_logprobs_prefill",),
+    ),
+    Rule(
+        "get_token_ids_logprobs_chunk",
+        EQUIVALENT,
+        "`min` and `max` of two integers are the same whichever comes first",
+        operator="arguments swapped",
+        code=r"`(min\(pruned_len, max\(|max\()logprobs\.shape\[0\] - pt, 0\)\)?`",
+    ),
+    Rule(
+        "get_token_ids_logprobs_chunk",
+        EQUIVALENT,
+        "a request of no rows past the test appends an empty entry and moves the cursor by "
+        "none, as the test's own branch does; the only one it would treat otherwise is a "
+        "first request continued with no rows left, which the caller never passes (it "
+        "continues a chunk's first request only while rows of it remain: the rows already "
+        "done, returned by the chunk before, are fewer than its rows)",
+        operator="comparison",
+        code=r"`pruned_len <= 0` -> Lt",
     ),
     Rule(
         "get_top_logprobs_raw",
@@ -541,20 +573,44 @@ IDEMPOTENT = (
     "the statement run twice leaves what it leaves run once: it only binds names or "
     "attributes, from values that read none of them, through calls without side effects"
 )
+LEAVES = (
+    "run twice, a test without side effects whose body ends by leaving (`return`, `break`, "
+    "`continue`, `raise`) leaves where it holds, and is false again where it was not: the "
+    "copy never runs its body"
+)
 
 
-def argued(function: str, mutant: Mutant, tree: ast.FunctionDef | None = None) -> str:
+def leaves(stmt: ast.stmt) -> bool:
+    """Whether ``stmt`` is an ``if`` without ``else`` whose test is
+    :func:`_pure` and whose body ends in ``return``, ``break``, ``continue``
+    or ``raise``: a copy of it right after it changes nothing."""
+    return (
+        isinstance(stmt, ast.If)
+        and not stmt.orelse
+        and _pure(stmt.test)
+        and isinstance(stmt.body[-1], (ast.Return, ast.Break, ast.Continue, ast.Raise))
+    )
+
+
+def argued(
+    function: str, mutant: Mutant, tree: ast.FunctionDef | None = None, through: str | None = None
+) -> str:
     """``"<kind>: <why>"`` for a duplicated statement that is idempotent
     (:func:`idempotent`, given the function's ``tree``) or for the first
-    rule naming ``mutant`` of ``function``; else empty."""
+    rule naming ``mutant`` of ``function`` (judged through the caller
+    ``through``, if any); else empty."""
     if tree is not None and mutant.operator == "statement duplicated":
         field, position = mutant.variant
         stmt = getattr(list(ast.walk(tree))[mutant.site], field)[position]
         if idempotent([stmt]):
             return f"{EQUIVALENT}: {IDEMPOTENT}"
+        if leaves(stmt):
+            return f"{EQUIVALENT}: {LEAVES}"
     code = _code(mutant.description)
     for rule in RULES:
         if rule.function != function or rule.operator not in (None, mutant.operator):
+            continue
+        if rule.through and through not in rule.through:
             continue
         if not re.fullmatch(rule.code, code, re.S):
             continue

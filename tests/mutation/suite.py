@@ -114,7 +114,7 @@ def judge(target: Target, mutant: Mutant, tree, node, where: Path, cases: int, s
     )
     started = time.monotonic()
     record.proves = proves(target)
-    record.argued = argued(target.function, mutant, node)
+    record.argued = argued(target.function, mutant, node, target.through)
     release = _release(target, tree, node, where)
     try:
         with warnings.catch_warnings():

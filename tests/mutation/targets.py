@@ -145,6 +145,9 @@ class Target:
     """Some of its inputs are calls the release itself fails on, on purpose
     (the front end's assertion of a tokenizer): the unchanged function
     raises on those, and returns on the others."""
+    through: str | None = None
+    """The caller it is judged through (a helper of its module, mutated in
+    a copy of the whole module), where it has no trial of its own."""
 
 
 # --- the mutant in a module of its own -------------------------------------------------------
@@ -1111,6 +1114,96 @@ def _producer_call(rng: random.Random, name: str):
     return producers.ProducerCall(name, logprobs, arg, True)
 
 
+# --- the token-id input logprobs (get_token_ids_logprobs_chunk, _prefill) ----------------
+
+
+def _token_ids_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
+    """The mutant in a copy of its whole module; what the patch puts in
+    place there (either walk, as its check chose) is called on the same
+    chunk: what each returns or raises, and the output lists it leaves, the
+    id lists named by the request they belong to (the patch's own check's
+    comparison)."""
+    from flatgather.sglang.patches import input_logprobs
+    from flatgather.sglang.patches.input_logprobs import check
+
+    with _shape_gate():
+        result = input_logprobs.PATCH.prepare(copy)
+    new = [s.new for s in result.swaps if s.name == mutant.__name__ and s.target is copy]
+    trial = Trial(patched=bool(new), note="; ".join(result.notes))
+    chunk = mutant.__name__ == input_logprobs.CHUNK
+    code = release.__code__
+    keywords = set(code.co_varnames[: code.co_argcount])
+
+    def draw(n):
+        def call():
+            """Input ``n``, made anew for each side: a side appends to its lists."""
+            return (_token_ids_call(inputs.rng(n), keywords, chunk),)
+
+        (shown,) = call()
+        return f"{mutant.__name__} {check.where(shown)}", call
+
+    return _judge_calls(
+        trial,
+        inputs,
+        cases,
+        (release, mutant, new[0] if new else None),
+        draw,
+        lambda function, call: check.answer(function, call, chunk),
+        raised=lambda out: "raised" in out,
+        told=_told,
+        versus=_same_as,
+    )
+
+
+def _token_ids_call(rng: random.Random, keywords: set[str], chunk: bool):
+    """One call: 1 to 12 requests of 0 to 8 rows each (one of -1 at times, as
+    the patch's own check has), their ids None (for the whole-batch function
+    mostly where a request has no rows), empty or up to 4 from either end of
+    the vocabulary (one past it at times); for the chunk function, as many rows as the requests
+    hold or fewer (the chunk ends inside one), none, or more (rows to
+    spare), the first request continued from an earlier chunk at times, raw
+    logits with a normalizer and the pinned path where the release takes
+    them; float32 or bfloat16."""
+    from flatgather.sglang.patches.input_logprobs import check
+
+    vocab = check.VOCAB
+    n = rng.randrange(1, 13)
+    lens = [rng.choice((0, 1, 1, 2, 3, 5, 8)) for _ in range(n)]
+    if rng.random() < 0.2:
+        lens[rng.randrange(n)] = -1
+
+    def ids(rows: int):
+        # The whole-batch function fails on a request of rows without ids
+        # (the release's own error): there, mostly the requests of none.
+        roll = rng.random()
+        if roll < (0.2 if chunk else 0.4 if rows <= 0 else 0.03):
+            return None
+        if roll < 0.5 and rng.random() < 0.2:
+            return []
+        made = [rng.randrange(-vocab, vocab) for _ in range(rng.randrange(1, 5))]
+        if rng.random() < 0.03:
+            made.append(vocab)
+        return made
+
+    id_lists = [ids(rows) for rows in lens]
+    total = max(sum(lens), 0)
+    rows, split, normalizer, pinned = total, 0, None, False
+    if chunk:
+        rows = rng.choice((total, total, 0, max(total - 1, 0), total // 2, total + 2))
+        split = rng.choice((0, 0, 1, 2)) if lens[0] > 2 else 0
+    gen = torch.Generator().manual_seed(rng.randrange(2**31))
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(
+        rng.choice((torch.float32, torch.bfloat16))
+    )
+    if chunk and "log_normalizer" in keywords and rng.random() < 0.5:
+        x = logits.float()
+        row_max = x.amax(dim=-1) if rows else x.new_zeros(0)
+        normalizer = (row_max, torch.logsumexp(x - row_max[:, None], dim=-1))
+    if chunk and "copy_to_pinned_cpu" in keywords:
+        pinned = rng.random() < 0.5
+    return check.Call(logits, id_lists, lens, split, normalizer, pinned, gathers=True)
+
+
 # --- the front end's logprob tuples ----------------------------------------------------------
 
 
@@ -1371,7 +1464,12 @@ def _stand_ins() -> None:
 def targets() -> list[Target]:
     """The patched functions of the running release that the suite mutates."""
     from flatgather.sglang import patches as rooms
-    from flatgather.sglang.patches import draft_prefill, output_logprobs, prefill_result
+    from flatgather.sglang.patches import (
+        draft_prefill,
+        input_logprobs,
+        output_logprobs,
+        prefill_result,
+    )
 
     _stand_ins()
     replaced_whole = []
@@ -1381,9 +1479,14 @@ def targets() -> list[Target]:
     # Every other function a patch replaces whole, as the patch declares it
     # (the code it vouches for by fingerprint), with that patch's own prepare();
     # the output producers and the helpers they call judged on the producer,
-    # the others without an oracle here.
+    # the token-id input-logprob functions on chunks, the others without an
+    # oracle here.
+    oracles = (
+        (output_logprobs.PRODUCER, _producer_trial),
+        (input_logprobs.PATCH, _token_ids_trial),
+    )
     for patch in rooms.patches():
-        oracle = _producer_trial if patch is output_logprobs.PRODUCER else None
+        oracle = next((trial for owner, trial in oracles if owner is patch), None)
         for known in patch.known:
             if known.owner is not None or known.imported:
                 continue
@@ -1402,7 +1505,8 @@ def targets() -> list[Target]:
                     oracle or _replaced_whole_trial(patch.prepare),
                     whole_function=oracle is None,
                     gated=True,
-                    # A top-k past the vocabulary, an id past it: the release's error.
+                    # A top-k past the vocabulary, an id past it, fewer rows
+                    # than a request holds: the release's error.
                     release_raises=oracle is not None,
                 )
             )
@@ -1418,6 +1522,7 @@ def targets() -> list[Target]:
                     whole_function=oracle is None,
                     gated=True,
                     release_raises=oracle is not None,
+                    through=known.name,
                 )
                 for callee in _callees(fn)
                 if callee not in own
@@ -1506,10 +1611,13 @@ def _openai_targets() -> list[Target]:
             if name not in reached:
                 reached.append(name)
                 todo.append(caller.__globals__[name])
-    through = _through(runtime.NAME, _openai_trial)
+    judged = _through(runtime.NAME, _openai_trial)
     return [
         Target(runtime.NAME, module, None, runtime.NAME, _openai_trial, gated=True),
-        *(Target(name, module, None, name, through, gated=True) for name in reached),
+        *(
+            Target(name, module, None, name, judged, gated=True, through=runtime.NAME)
+            for name in reached
+        ),
     ]
 
 

@@ -29,7 +29,7 @@ import torch
 from flatgather.sglang.check import Answered, side_by_side
 from flatgather.sglang.compare import first_difference
 
-__all__ = ["CASES", "WHOLE_CASES", "verify"]
+__all__ = ["CASES", "WHOLE_CASES", "Call", "answer", "verify", "where"]
 
 VOCAB = 11
 
@@ -43,8 +43,12 @@ CASES = (
     ([2, 2, 1], [_IDS[2], _IDS[0], _IDS[2]], 5, 0, True),  # an empty id list
     ([3, 4, 2], [_IDS[3], _IDS[0], _IDS[4]], 5, 0, True),  # the chunk ends inside a request
     ([3, 2], [_IDS[0], _IDS[5]], 4, 2, True),  # the next chunk continues it
+    ([2, 3, 4], [_IDS[0], _IDS[3], _IDS[4]], 7, 0, True),  # ... inside its last request
+    ([8, 0], [_IDS[3], _IDS[0]], 3, 2, True),  # continued, and not done in this chunk
     ([2, 1, 1], [_IDS[1], _IDS[0], _IDS[4]], 2, 1, True),  # continuing one without ids
     ([1, 2], [_IDS[0], _IDS[3]], 0, 0, True),  # an empty chunk
+    ([0, 2], [_IDS[0], _IDS[3]], 0, 0, True),  # ... with a request of no rows
+    ([2, 2], [_IDS[0], _IDS[3]], 3, 1, True),  # one row left of a request with ids
     ([2, 1, -1, 2], [_IDS[0], _IDS[3], _IDS[0], _IDS[4]], 9, 0, True),  # rows to spare
     ([4], [_IDS[3]], 4, 0, False),  # one request: the release's loop is as cheap
     ([2, 2], [_IDS[0], [12]], 4, 0, False),  # an id past the vocabulary: its error
@@ -60,8 +64,11 @@ WHOLE_CASES = (
 
 
 @dataclass(frozen=True)
-class _Call:
-    """The arguments of one call, fresh for each function called."""
+class Call:
+    """The arguments of one call, fresh for each function called (a
+    function appends to the lists it is given). ``split``, ``normalizer``
+    and ``pinned`` are the chunk function's alone; ``gathers``: whether the
+    replacement must answer with its gather (else the release's loop may)."""
 
     logprobs: torch.Tensor
     ids: list
@@ -72,13 +79,14 @@ class _Call:
     gathers: bool
 
     def outputs(self):
-        # A request continued from the previous chunk needs an entry to extend.
+        # A request continued from the previous chunk needs an entry to
+        # extend: the last of the entries of the requests before it.
         if self.split:
-            return [[["earlier row"]]], [[["earlier ids"]]]
+            return [[["a request's row"]], [["earlier row"]]], [[["its ids"]], [["earlier ids"]]]
         return [], []
 
 
-def _calls(cases, keywords: set[str]) -> Iterator[_Call]:
+def _calls(cases, keywords: set[str]) -> Iterator[Call]:
     dtypes = (torch.float32, torch.bfloat16)
     normalized = (False, True) if "log_normalizer" in keywords else (False,)
     pinned = (False, True) if "copy_to_pinned_cpu" in keywords else (False,)
@@ -96,10 +104,14 @@ def _calls(cases, keywords: set[str]) -> Iterator[_Call]:
         # The pinned path leaves a chunk with nothing to copy to the release.
         gathers = gathers and not (pin and rows == 0)
         ids = [copy.copy(i) for i in ids]
-        yield _Call(logits, ids, list(lens), split, normalizer, pin, gathers)
+        yield Call(logits, ids, list(lens), split, normalizer, pin, gathers)
 
 
-def _run(fn, call: _Call, chunk: bool):
+def answer(fn, call: Call, chunk: bool) -> dict:
+    """What ``fn`` (the chunk function, with ``chunk``, else the whole-batch
+    one) answers on ``call``: what it returns (or the name of the type it
+    raises) and the output lists it leaves, each id list named by the
+    request it belongs to."""
     val, idx = call.outputs()
     try:
         if chunk:
@@ -127,7 +139,7 @@ def _run(fn, call: _Call, chunk: bool):
     return {"returned": returned, "val": val, "idx": named}
 
 
-def _where(call) -> str:
+def where(call: Call) -> str:
     return (
         f"on pruned lengths {call.lens}, ids {call.ids}, {call.logprobs.shape[0]} rows, "
         f"split {call.split}, {call.logprobs.dtype}"
@@ -145,9 +157,9 @@ def verify(original, replacement, gathers: Answered, cases, chunk: bool) -> str 
         original,
         replacement,
         _calls(cases, keywords),
-        lambda fn, call: _run(fn, call, chunk),
+        lambda fn, call: answer(fn, call, chunk),
         gathers,
         flat=lambda call: call.gathers,
-        where=_where,
+        where=where,
         compare=first_difference,
     )
