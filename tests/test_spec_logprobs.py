@@ -197,7 +197,8 @@ def steps(draw):
 
 
 @pytest.mark.matrix
-@settings(max_examples=30)
+# A tenth of the property tests' examples: 30 on the whole-suite releases.
+@settings(max_examples=max(1, settings.default.max_examples // 10))
 @given(step=steps(), copy=st.booleans())
 def test_the_chain_is_the_release_s_on_any_step(step, copy):
     fs.uninstall()
