@@ -1002,6 +1002,18 @@ def _same_as(got, want) -> str | None:
     return _versus(got, want, first_difference)
 
 
+def _prepared(patch, copy, name: str, owner=None) -> tuple[Trial, Callable | None]:
+    """``patch`` prepared on the module ``copy`` (the known-code gate as the
+    run sets it): the trial that starts (patched or not, with the patch's
+    notes) and what the patch put in place of ``name`` on ``owner`` (the
+    copy itself where None), or None where it refused it."""
+    with _shape_gate():
+        result = patch.prepare(copy)
+    target = copy if owner is None else owner
+    new = [s.new for s in result.swaps if s.name == name and s.target is target]
+    return Trial(patched=bool(new), note="; ".join(result.notes)), (new[0] if new else None)
+
+
 def _judge_calls(
     trial: Trial, inputs: Inputs, cases: int, sides, draw, outcome, *, raised, told, versus
 ) -> Trial:
@@ -1042,10 +1054,7 @@ def _producer_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
     compares) and as the other callers read it (lists at once)."""
     from flatgather.sglang.patches.output_logprobs import PRODUCER, producers
 
-    with _shape_gate():
-        result = PRODUCER.prepare(copy)
-    new = [s.new for s in result.swaps if s.name == mutant.__name__ and s.target is copy]
-    trial = Trial(patched=bool(new), note="; ".join(result.notes))
+    trial, ours = _prepared(PRODUCER, copy, mutant.__name__)
 
     def outcome(fn, call):
         at_once = _outcome(fn, call.logprobs, copy_module.deepcopy(call.arg), False)
@@ -1065,7 +1074,7 @@ def _producer_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
         trial,
         inputs,
         cases,
-        (release, mutant, new[0] if new else None),
+        (release, mutant, ours),
         draw,
         outcome,
         raised=lambda out: "raised" in out["chain"],
@@ -1126,10 +1135,7 @@ def _token_ids_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial
     from flatgather.sglang.patches import input_logprobs
     from flatgather.sglang.patches.input_logprobs import check
 
-    with _shape_gate():
-        result = input_logprobs.PATCH.prepare(copy)
-    new = [s.new for s in result.swaps if s.name == mutant.__name__ and s.target is copy]
-    trial = Trial(patched=bool(new), note="; ".join(result.notes))
+    trial, ours = _prepared(input_logprobs.PATCH, copy, mutant.__name__)
     chunk = mutant.__name__ == input_logprobs.CHUNK
     code = release.__code__
     keywords = set(code.co_varnames[: code.co_argcount])
@@ -1146,7 +1152,7 @@ def _token_ids_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial
         trial,
         inputs,
         cases,
-        (release, mutant, new[0] if new else None),
+        (release, mutant, ours),
         draw,
         lambda function, call: check.answer(function, call, chunk),
         raised=lambda out: "raised" in out,
@@ -1233,10 +1239,7 @@ def _front_end_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial
     one = release_function(real, runtime.ONE)
     if mutant.__name__ == runtime.TOP:
         owner.detokenize_logprob_tokens = one
-    with _shape_gate():
-        result = front_end.PATCH.prepare(copy)
-    new = [s.new for s in result.swaps if s.name == mutant.__name__]
-    trial = Trial(patched=bool(new), note="; ".join(result.notes))
+    trial, ours = _prepared(front_end.PATCH, copy, mutant.__name__, owner)
 
     class Manager:
         detokenize_logprob_tokens = one
@@ -1259,7 +1262,7 @@ def _front_end_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial
         trial,
         inputs,
         cases,
-        (release, mutant, new[0] if new else None),
+        (release, mutant, ours),
         draw,
         _outcome,
         raised=_raised,
@@ -1297,10 +1300,7 @@ def _openai_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
 
     # The module's state as it was made, before the patch's checks run it.
     started = {name: vars(copy)[name] for name in OPENAI_CACHES if name in vars(copy)}
-    with _shape_gate():
-        result = openai_logprobs.PATCH.prepare(copy)
-    new = [s.new for s in result.swaps if s.name == mutant.__name__ and s.target is copy]
-    trial = Trial(patched=bool(new), note="; ".join(result.notes))
+    trial, ours = _prepared(openai_logprobs.PATCH, copy, mutant.__name__)
     lossless = runtime.takes_tokenizer(release)
 
     def fresh(function, module=None):
@@ -1311,8 +1311,6 @@ def _openai_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
         for name, value in started.items():
             scope[name] = type(value)(value)
         return function
-
-    ours = new[0] if new else None
 
     def outcome(function, *args):
         # flatgather's function lives in flatgather's module: the state put
