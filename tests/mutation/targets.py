@@ -996,6 +996,14 @@ def _raised(outcome) -> bool:
     return isinstance(outcome, type)
 
 
+def _told(mutant, release) -> str | None:
+    """The mutant's outcome against the release's: the same exception (by
+    type), or the same tuples."""
+    if isinstance(mutant, type) or isinstance(release, type):
+        return None if mutant is release else f"the mutant gives {mutant}, the release {release}"
+    return first_difference(mutant, release)
+
+
 def _same_as(got, want) -> str | None:
     """flatgather's outcome against the mutant's: the same exception (by
     type), or the same objects."""
@@ -1015,10 +1023,20 @@ def _prepared(patch, copy, name: str, owner=None) -> tuple[Trial, Callable | Non
 
 
 def _judge_calls(
-    trial: Trial, inputs: Inputs, cases: int, sides, draw, outcome, *, raised, told, versus
+    trial: Trial,
+    inputs: Inputs,
+    cases: int,
+    sides,
+    draw,
+    outcome,
+    *,
+    raised=_raised,
+    told=_told,
+    versus=_same_as,
 ) -> Trial:
     """The loop of the trials whose target is called directly (the output
-    producers, the front end, the OpenAI layer). ``sides`` is the release's
+    producers, the token-id input logprobs, the front end, the OpenAI
+    layer). ``sides`` is the release's
     function, the mutant and what the patch put in place (None where it
     refused the mutant). For each input number, ``draw(n)`` gives where the
     input is told (for the report) and a function that makes the call's
@@ -1027,7 +1045,8 @@ def _judge_calls(
     all the target's mutants), the mutant's, whether ``told`` tells them
     apart and whether the mutant ``raised``; then, where the patch took the
     mutant, whether ``versus`` finds flatgather's answer unlike the
-    mutant's (a silent difference, the first one kept)."""
+    mutant's (a silent difference, the first one kept). By default an
+    outcome is what :func:`_outcome` gives: a value, or the type raised."""
     release, mutant, ours = sides
     for n in tries(trial, cases, alone=ours is None):
         where, arguments = draw(n)
@@ -1156,8 +1175,6 @@ def _token_ids_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial
         draw,
         lambda function, call: check.answer(function, call, chunk),
         raised=lambda out: "raised" in out,
-        told=_told,
-        versus=_same_as,
     )
 
 
@@ -1165,11 +1182,11 @@ def _token_ids_call(rng: random.Random, keywords: set[str], chunk: bool):
     """One call: 1 to 12 requests of 0 to 8 rows each (one of -1 at times, as
     the patch's own check has), their ids None (for the whole-batch function
     mostly where a request has no rows), empty or up to 4 from either end of
-    the vocabulary (one past it at times); for the chunk function, as many rows as the requests
-    hold or fewer (the chunk ends inside one), none, or more (rows to
-    spare), the first request continued from an earlier chunk at times, raw
-    logits with a normalizer and the pinned path where the release takes
-    them; float32 or bfloat16."""
+    the vocabulary (one past it at times); for the chunk function, as many
+    rows as the requests hold or fewer (the chunk ends inside one), none, or
+    more (rows to spare), the first request continued from an earlier chunk
+    at times, raw logits with a normalizer and the pinned path where the
+    release takes them; float32 or bfloat16."""
     from flatgather.sglang.patches.input_logprobs import check
 
     vocab = check.VOCAB
@@ -1265,9 +1282,6 @@ def _front_end_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial
         (release, mutant, ours),
         draw,
         _outcome,
-        raised=_raised,
-        told=_told,
-        versus=_same_as,
     )
 
 
@@ -1336,9 +1350,6 @@ def _openai_trial(copy, mutant, release, inputs: Inputs, cases: int) -> Trial:
         (release, mutant, ours),
         draw,
         outcome,
-        raised=_raised,
-        told=_told,
-        versus=_same_as,
     )
 
 
@@ -1440,14 +1451,6 @@ def _openai_inputs(rng: random.Random, tokenizer=None) -> tuple:
         None if rng.random() < 0.2 else make()
         for make in (lambda: tokens(9), lambda: tokens(3), tops, tops)
     )
-
-
-def _told(mutant, release) -> str | None:
-    """The mutant's outcome against the release's: the same exception (by
-    type), or the same tuples."""
-    if isinstance(mutant, type) or isinstance(release, type):
-        return None if mutant is release else f"the mutant gives {mutant}, the release {release}"
-    return first_difference(mutant, release)
 
 
 def _stand_ins() -> None:
