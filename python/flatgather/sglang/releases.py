@@ -119,7 +119,13 @@ def _rows() -> tuple[Release, ...]:
     tf_5_6 = ("transformers==5.6.0", *hub)
     tf_5_8 = ("transformers==5.8.1", *hub)
     tf_5_12 = ("transformers==5.12.1", *hub)
-    xgrammar = ("xgrammar==0.2.1",)  # imported unconditionally by 0.5.16-0.5.20
+    # Each release's own xgrammar: the scheduler imports it for its default
+    # grammar backend (0.5.16-0.5.20 at import already), so without it a
+    # server does not start; the engine's detokenizer imports it from 0.5.23.
+    xg_0_1 = ("xgrammar==0.1.32",)
+    xg_0_2_0 = ("xgrammar==0.2.0",)
+    xgrammar = ("xgrammar==0.2.1",)
+    xg_0_2_7 = ("xgrammar==0.2.7",)
     old = dict(
         trailing_token_to_seq=True,
         packed_aux=False,
@@ -148,6 +154,7 @@ def _rows() -> tuple[Release, ...]:
             **old,
             **unfixed,
             rotation=IN_PLACE,
+            pins=xg_0_1,
             full_suite=True,
             **plain_old,
             unchecked_ops=up_to_0_5_11,
@@ -157,6 +164,7 @@ def _rows() -> tuple[Release, ...]:
             **old,
             **unfixed,
             rotation=IN_PLACE,
+            pins=xg_0_1,
             **plain_old,
             unchecked_ops=up_to_0_5_11,
         ),
@@ -165,7 +173,7 @@ def _rows() -> tuple[Release, ...]:
             **old,
             **fixed,
             rotation=IN_PLACE,
-            pins=tf_5_6,
+            pins=(*tf_5_6, *xg_0_1),
             **plain_old,
             unchecked_ops=up_to_0_5_11,
         ),
@@ -174,7 +182,7 @@ def _rows() -> tuple[Release, ...]:
             **old,
             **fixed,
             rotation=IN_PLACE,
-            pins=tf_5_6,
+            pins=(*tf_5_6, *xg_0_2_0),
             **pinned,
             unchecked_ops=up_to_0_5_12,
         ),
@@ -183,17 +191,41 @@ def _rows() -> tuple[Release, ...]:
             **old,
             **fixed,
             rotation=IN_PLACE,
-            pins=tf_5_6,
+            pins=(*tf_5_6, *xg_0_2_0),
             **pinned,
             unchecked_ops=up_to_0_5_12,
         ),
-        Release("0.5.13", **old, **fixed, rotation=IN_PLACE, pins=tf_5_8, **plain_old),
-        Release("0.5.13.post1", **old, **fixed, rotation=IN_PLACE, pins=tf_5_8, **plain_old),
-        Release("0.5.14", **old, **fixed, rotation=IN_PLACE, pins=tf_5_8, **plain_old),
         Release(
-            "0.5.15", **old, **fixed, rotation=IN_PLACE, pins=tf_5_12, full_suite=True, **plain_old
+            "0.5.13", **old, **fixed, rotation=IN_PLACE, pins=(*tf_5_8, *xgrammar), **plain_old
         ),
-        Release("0.5.15.post1", **old, **fixed, rotation=IN_PLACE, pins=tf_5_12, **plain_old),
+        Release(
+            "0.5.13.post1",
+            **old,
+            **fixed,
+            rotation=IN_PLACE,
+            pins=(*tf_5_8, *xgrammar),
+            **plain_old,
+        ),
+        Release(
+            "0.5.14", **old, **fixed, rotation=IN_PLACE, pins=(*tf_5_8, *xgrammar), **plain_old
+        ),
+        Release(
+            "0.5.15",
+            **old,
+            **fixed,
+            rotation=IN_PLACE,
+            pins=(*tf_5_12, *xgrammar),
+            full_suite=True,
+            **plain_old,
+        ),
+        Release(
+            "0.5.15.post1",
+            **old,
+            **fixed,
+            rotation=IN_PLACE,
+            pins=(*tf_5_12, *xgrammar),
+            **plain_old,
+        ),
         Release(
             "0.5.16",
             **no_trailing,
@@ -228,15 +260,15 @@ def _rows() -> tuple[Release, ...]:
             **plain_old,
         ),
         Release("0.5.20", **packed, **fixed, rotation=NEW_TENSOR_MM, pins=xgrammar, **plain_old),
-        Release("0.5.21", **latest, **fixed, rotation=NEW_TENSOR_MM, **plain),
-        Release("0.5.22", **latest, **fixed, rotation=NEW_TENSOR_MM, **plain),
+        Release("0.5.21", **latest, **fixed, rotation=NEW_TENSOR_MM, pins=xg_0_2_7, **plain),
+        Release("0.5.22", **latest, **fixed, rotation=NEW_TENSOR_MM, pins=xg_0_2_7, **plain),
         Release(
             "0.5.23",
             **latest,
             **fixed,
             rotation=NEW_TENSOR_MM,
             full_suite=True,
-            pins=("xgrammar==0.2.7",),  # the engine's detokenizer imports it
+            pins=xg_0_2_7,
             engine=ENGINE_CI,
             engine_note=TREE_ON_DEMAND,
         ),
