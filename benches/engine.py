@@ -1085,6 +1085,84 @@ def cost_parts(pr: dict) -> dict[str, float]:
 ALL = {5: "all five", 6: "all six"}
 
 
+LEAST_SHAPES = {("engine", "logprobs", False): "generate", ("openai", "echo", True): "echo"}
+"""The bench's workloads whose least answer ``benches/answer_floor.py``
+builds: ``Engine.generate`` with logprobs, and echo scoring over the OpenAI
+endpoint (its ``--texts`` is implied)."""
+
+
+def least(shape: str, running: int) -> dict:
+    """``benches/answer_floor.py``'s least answer for the ``running``
+    requests this bench sends (their prompt and output lengths), measured in
+    this process after the engines' rounds (the engine tests' vocabulary;
+    its objects checked against the release's own functions)."""
+    import answer_floor  # beside this script, first on sys.path
+    import torch
+    from engine import models
+
+    torch.set_num_threads(1)
+    release = answer_floor.release_functions()
+    texts = [f"t{i}" for i in range(models.VOCAB)]
+    spec = {"generate": answer_floor.GENERATE, "echo": answer_floor.ECHO}[shape]
+    batch = make_batch(
+        {
+            "shape": "echo" if shape == "echo" else "logprobs",
+            "requests": running,
+            "client": "engine",
+            "floor": False,
+        }
+    )
+    new = [p["max_new_tokens"] for p in batch["sampling_params"]]
+    lens = [(len(ids), o) for ids, o in zip(batch["input_ids"], new, strict=True)]
+    row = answer_floor.measure(shape, spec, running, 9, texts, models.VOCAB, release, lens)
+    return row | {"oracle": None if release is None else release[0]}
+
+
+def least_lines(results: dict) -> list[str]:
+    """Each side's logprob cost against the least a logprob answer costs."""
+    lines = []
+    for running, s in results.items():
+        row = s.get("least")
+        if row is None:
+            continue
+        floor = cost_parts(s["floor_per_request"])
+        whole = floor[ALL[len(floor) - 1]]
+        parts = ", ".join(f"{p} {v:.2f}" for p, v in row["ms"].items() if p != "client's parse")
+        over = {
+            side: cost_parts(s[f"{side}_per_request"])[ALL[len(floor) - 1]] - whole
+            for side in ("on", "off")
+        }
+        least_ms = row["server_ms"]
+        client = row["ms"].get("client's parse")
+        lines += [
+            "",
+            f"**The least at {running} running** (`benches/answer_floor.py`, run in this "
+            f"process after the rounds: the same requests' logprob rows as bare torch calls, "
+            f"one hand-over of flat arrays, the objects the client receives"
+            + (
+                f", checked equal to what SGLang {row['oracle']}'s own functions make of the "
+                "same values"
+                if row.get("oracle")
+                else ""
+            )
+            + f"): {least_ms:.2f} ms a request ({parts}"
+            + (
+                f"; the client's own parse of the JSON, {client:.2f} ms, is not in the "
+                "server's processes and is left out"
+                if client is not None
+                else ""
+            )
+            + f"). On the floor's {whole:.2f} ms a request (all of the table's parts), that is "
+            f"{(whole + least_ms) / whole:.3f}x, the least the release's answer costs on this "
+            f"engine but for a cheaper way to do the same work than these bare calls. "
+            f"flatgather's logprobs cost {over['on']:.2f} ms a "
+            f"request over the floor ({(whole + over['on']) / whole:.3f}x), "
+            f"{over['on'] - least_ms:+.2f} ms from the least; stock's {over['off']:.2f} ms "
+            f"({(whole + over['off']) / whole:.3f}x), {over['off'] - least_ms:+.2f} ms from it.",
+        ]
+    return lines
+
+
 def cost_lines(results: dict) -> list[str]:
     """The logprobs' cost per request by where it lies: each side's parts,
     and the two logprob sides' excess over the floor's."""
@@ -1315,6 +1393,7 @@ def markdown(release: str, results: dict, args, command: str, machine: dict) -> 
         ),
     )
     lines += cost_lines(results)
+    lines += least_lines(results)
     if args.profile_rounds:
         lines += [
             "",
@@ -1626,6 +1705,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
         compared, on_lines = bench.compared, sorted((bench.on_lines or Counter()).elements())
+    least_shape = LEAST_SHAPES.get((args.client, args.shape, args.texts))
+    if least_shape is not None:
+        for running in args.running:
+            results[running]["least"] = least(least_shape, running)
     load_after = os.getloadavg()[0]
     warnings = busy_warnings(load_before, results)
     minutes = (time.perf_counter() - started) / 60
