@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -125,10 +126,23 @@ def answer(out: dict) -> dict:
     return exact({"output_ids": out["output_ids"]} | {k: meta[k] for k in KEPT if k in meta})
 
 
+HIGHEST_PORT = 55535
+"""Releases 0.5.14 to 0.5.19 refuse to start on a port past this one: they
+put a gRPC port at ``--port`` + 10000 and check that it is a port. The
+kernel's ephemeral ports reach 60999."""
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free when asked, at most :data:`HIGHEST_PORT`."""
+    rng = random.SystemRandom()
+    while True:
+        port = rng.randrange(20000, HIGHEST_PORT + 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def _cli(args: dict) -> list[str]:
@@ -223,8 +237,13 @@ def _up(server: subprocess.Popen, port: int, model: str, deadline: float) -> boo
 
 
 def stop_server(server: subprocess.Popen) -> None:
-    """Stop the server and every process it started."""
-    os.killpg(server.pid, signal.SIGTERM)
+    """Stop the server and every process it started (none left to stop
+    where the server and its group have exited already)."""
+    try:
+        os.killpg(server.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        server.wait()
+        return
     try:
         server.wait(timeout=30)
     except subprocess.TimeoutExpired:
