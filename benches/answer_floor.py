@@ -82,9 +82,9 @@ def lengths(shape: dict, n: int, seed: int = 0) -> list[tuple[int, int]]:
     lengths' range, drawn uniformly. ``benches/engine.py`` passes the lengths
     of the requests it sent instead."""
     if shape is GENERATE:
-        from engine import workload
+        from engine import serve  # puts tests/engine on the path, for its workload
 
-        reqs = workload.requests(
+        reqs = serve.workload.requests(
             n,
             seed=seed,
             min_len=shape["prompt"][0],
@@ -190,6 +190,17 @@ def _order(batch: Batch) -> list[list[int]]:
     return where
 
 
+def _per_request(batch: Batch, order: list[list[int]], prompt_ids: list):
+    """Per request: its index, its prompt rows (each the logprob of the next
+    prompt token), its output rows, and its first prompt token (the
+    position without a logprob)."""
+    start = 0
+    for r, (p, _) in enumerate(batch.lens):
+        rows = order[r]
+        yield r, rows[: p - 1], rows[p - 1 :], prompt_ids[start]
+        start += p
+
+
 def meta_infos(batch: Batch, lists: dict, order: list[list[int]], prompt_ids: list) -> list[dict]:
     """``Engine.generate``'s six logprob fields per request: ``(logprob, id,
     None)`` tuples as the release returns them without texts. (``zip`` here
@@ -200,12 +211,7 @@ def meta_infos(batch: Batch, lists: dict, order: list[list[int]], prompt_ids: li
     iv = lists.get("ids_val")
     asked = batch.asked.tolist()
     out = []
-    start = 0
-    for r, (p, _) in enumerate(batch.lens):
-        rows = order[r]
-        pin, pout = rows[: p - 1], rows[p - 1 :]
-        first = prompt_ids[start]
-        start += p
+    for r, pin, pout, first in _per_request(batch, order, prompt_ids):
         info = {
             "input_token_logprobs": [(None, first, None)]  # noqa: RUF005
             + list(zip([val[j] for j in pin], [ids[j] for j in pin], none)),
@@ -230,11 +236,9 @@ def openai_objects(
     token and the one output token), as the dict a JSON encoder takes."""
     val, ids, tv, ti = lists["val"], lists["id"], lists["top_val"], lists["top_id"]
     out = []
-    start = 0
-    for r, (p, _) in enumerate(batch.lens):
+    for r, _, _, first in _per_request(batch, order, prompt_ids):
         rows = order[r]
-        tokens = [texts[prompt_ids[start]]] + [texts[ids[j]] for j in rows]
-        start += p
+        tokens = [texts[first]] + [texts[ids[j]] for j in rows]
         out.append(
             {
                 "tokens": tokens,
@@ -310,12 +314,7 @@ def release_check(release, batch, lists, order, prompt_ids, texts, made, openai:
     val, ids, tv, ti = lists["val"], lists["id"], lists["top_val"], lists["top_id"]
     iv = lists.get("ids_val")
     asked = batch.asked.tolist()
-    start = 0
-    for r, (p, _) in enumerate(batch.lens):
-        rows = order[r]
-        pin, pout = rows[: p - 1], rows[p - 1 :]
-        first = prompt_ids[start]
-        start += p
+    for r, pin, pout, first in _per_request(batch, order, prompt_ids):
         in_vals, in_ids = [None] + [val[j] for j in pin], [first] + [ids[j] for j in pin]
         out_vals, out_ids = [val[j] for j in pout], [ids[j] for j in pout]
         in_top = ([None] + [tv[j] for j in pin], [None] + [ti[j] for j in pin])
