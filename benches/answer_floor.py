@@ -73,6 +73,13 @@ and 3 token ids."""
 ECHO = {"prompt": (100, 300), "output": (1, 1), "ids": 0}
 """Its ``--shape echo``: prompts of 100-300 tokens, one output token, input
 logprobs from token 0 with the top 5, no ids."""
+SHAPES = {"generate": GENERATE, "echo": ECHO}
+
+
+def token_texts(vocab: int) -> list[str]:
+    """A text per token, as a tokenizer's decode gives them (distinct,
+    short)."""
+    return [f"t{i}" for i in range(vocab)]
 
 
 def lengths(shape: dict, n: int, seed: int = 0) -> list[tuple[int, int]]:
@@ -261,10 +268,11 @@ def parse(bodies: list[bytes]) -> list:
     return [json.loads(b) for b in bodies]
 
 
-def check(batch: Batch, fields: dict, infos: list[dict] | None, bodies: list | None) -> None:
+def check(batch: Batch, fields: dict, made: list, openai: bool) -> None:
     """What was built has the definition's shape, before any timing."""
     lens = batch.lens
-    if infos is not None:
+    if not openai:
+        infos = made
         assert len(infos) == batch.n
         for (p, o), info in zip(lens, infos, strict=True):
             assert len(info["input_token_logprobs"]) == p
@@ -274,8 +282,8 @@ def check(batch: Batch, fields: dict, infos: list[dict] | None, bodies: list | N
             assert all(len(t) == TOP for t in info["output_top_logprobs"])
             assert all(len(t) == batch.n_ids for t in info["output_token_ids_logprobs"])
         assert infos[0]["input_token_logprobs"][1][0] == fields["val"][0].item()
-    if bodies is not None:
-        for (p, o), body in zip(lens, bodies, strict=True):
+    else:
+        for (p, o), body in zip(lens, made, strict=True):
             assert len(body["tokens"]) == p + o and body["token_logprobs"][0] is None
             assert all(len(t) == TOP for t in body["top_logprobs"][1:])
 
@@ -377,19 +385,13 @@ def _cpu(fn, *args):
     return out, (time.thread_time_ns() - t) / 1e6
 
 
-def measure(
-    name: str,
-    shape: dict,
-    n: int,
-    rounds: int,
-    texts: list,
-    vocab: int,
-    release,
-    lens: list | None = None,
-) -> dict:
+def measure(name: str, n: int, rounds: int, vocab: int, release, lens: list | None = None) -> dict:
+    """The least answer for ``n`` requests of the shape ``name`` (of
+    :data:`SHAPES`), their lengths ``lens`` or :func:`lengths`'."""
     import torch
 
-    batch = Batch(shape, n, vocab, lens=lens)
+    texts = token_texts(vocab)
+    batch = Batch(SHAPES[name], n, vocab, lens=lens)
     order = _order(batch)
     prompt_ids = batch.prompt_ids.tolist()
     openai = name == "echo"
@@ -416,7 +418,7 @@ def measure(
             if k == 0:
                 if openai:
                     assert parsed == made, "the JSON read back is not the object encoded"
-                check(batch, fields, None if openai else made, made if openai else None)
+                check(batch, fields, made, openai)
                 count = python_objects(made) / n
                 if release is not None:
                     release_check(release, batch, lists, order, prompt_ids, texts, made, openai)
@@ -501,7 +503,7 @@ def markdown(rows: list[dict], args, command: str, vocab: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--shapes", nargs="+", default=["generate", "echo"])
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--requests", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--markdown", type=Path)
     args = parser.parse_args(argv)
@@ -510,16 +512,13 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     vocab = models.VOCAB
-    # A text per token, as a tokenizer's decode gives them (distinct, short).
-    texts = [f"t{i}" for i in range(vocab)]
     release = release_functions()
     if release is not None:
         print(f"the objects are checked against SGLang {release[0]}'s own functions")
     rows = []
     for name in args.shapes:
         for n in args.requests:
-            shape = {"generate": GENERATE, "echo": ECHO}[name]
-            row = measure(name, shape, n, args.rounds, texts, vocab, release)
+            row = measure(name, n, args.rounds, vocab, release)
             row["oracle"] = None if release is None else release[0]
             rows.append(row)
             ms = ", ".join(f"{p} {v:.3f}" for p, v in row["ms"].items())

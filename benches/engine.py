@@ -1102,8 +1102,6 @@ def least(shape: str, running: int) -> dict:
 
     torch.set_num_threads(1)
     release = answer_floor.release_functions()
-    texts = [f"t{i}" for i in range(models.VOCAB)]
-    spec = {"generate": answer_floor.GENERATE, "echo": answer_floor.ECHO}[shape]
     batch = make_batch(
         {
             "shape": "echo" if shape == "echo" else "logprobs",
@@ -1114,7 +1112,7 @@ def least(shape: str, running: int) -> dict:
     )
     new = [p["max_new_tokens"] for p in batch["sampling_params"]]
     lens = [(len(ids), o) for ids, o in zip(batch["input_ids"], new, strict=True)]
-    row = answer_floor.measure(shape, spec, running, 9, texts, models.VOCAB, release, lens)
+    row = answer_floor.measure(shape, running, 9, models.VOCAB, release, lens)
     return row | {"oracle": None if release is None else release[0]}
 
 

@@ -47,11 +47,12 @@ def main() -> int:
             ("flatgather 2", True),
         )
     ]
+    batches = [_batches(served) for _, served in runs]
     split_by_side = False
     for i, (a, x) in enumerate(runs):
-        for b, y in runs[i + 1 :]:
+        for j, (b, y) in enumerate(runs[i + 1 :], start=i + 1):
             difference, _ = harness.compare_front_end(x.answers, y.answers)
-            alike = _batches(x) == _batches(y)
+            alike = batches[i] == batches[j]
             split_by_side |= alike and difference is not None
             print(
                 f"{a} / {b}: {'the same bytes' if difference is None else 'different'}, "

@@ -124,7 +124,7 @@ def _rows() -> tuple[Release, ...]:
     # server does not start; the engine's detokenizer imports it from 0.5.23.
     xg_0_1 = ("xgrammar==0.1.32",)
     xg_0_2_0 = ("xgrammar==0.2.0",)
-    xgrammar = ("xgrammar==0.2.1",)
+    xg_0_2_1 = ("xgrammar==0.2.1",)
     xg_0_2_7 = ("xgrammar==0.2.7",)
     old = dict(
         trailing_token_to_seq=True,
@@ -196,25 +196,25 @@ def _rows() -> tuple[Release, ...]:
             unchecked_ops=up_to_0_5_12,
         ),
         Release(
-            "0.5.13", **old, **fixed, rotation=IN_PLACE, pins=(*tf_5_8, *xgrammar), **plain_old
+            "0.5.13", **old, **fixed, rotation=IN_PLACE, pins=(*tf_5_8, *xg_0_2_1), **plain_old
         ),
         Release(
             "0.5.13.post1",
             **old,
             **fixed,
             rotation=IN_PLACE,
-            pins=(*tf_5_8, *xgrammar),
+            pins=(*tf_5_8, *xg_0_2_1),
             **plain_old,
         ),
         Release(
-            "0.5.14", **old, **fixed, rotation=IN_PLACE, pins=(*tf_5_8, *xgrammar), **plain_old
+            "0.5.14", **old, **fixed, rotation=IN_PLACE, pins=(*tf_5_8, *xg_0_2_1), **plain_old
         ),
         Release(
             "0.5.15",
             **old,
             **fixed,
             rotation=IN_PLACE,
-            pins=(*tf_5_12, *xgrammar),
+            pins=(*tf_5_12, *xg_0_2_1),
             full_suite=True,
             **plain_old,
         ),
@@ -223,7 +223,7 @@ def _rows() -> tuple[Release, ...]:
             **old,
             **fixed,
             rotation=IN_PLACE,
-            pins=(*tf_5_12, *xgrammar),
+            pins=(*tf_5_12, *xg_0_2_1),
             **plain_old,
         ),
         Release(
@@ -232,7 +232,7 @@ def _rows() -> tuple[Release, ...]:
             packed_aux=False,
             **fixed,
             rotation=NEW_TENSOR,
-            pins=(*tf_5_12, *xgrammar),
+            pins=(*tf_5_12, *xg_0_2_1),
             **plain_old,
         ),
         Release(
@@ -240,7 +240,7 @@ def _rows() -> tuple[Release, ...]:
             **packed,
             **fixed,
             rotation=NEW_TENSOR,
-            pins=(*tf_5_12, *xgrammar),
+            pins=(*tf_5_12, *xg_0_2_1),
             **plain_old,
         ),
         Release(
@@ -248,7 +248,7 @@ def _rows() -> tuple[Release, ...]:
             **packed,
             **fixed,
             rotation=NEW_TENSOR,
-            pins=(*tf_5_12, *xgrammar),
+            pins=(*tf_5_12, *xg_0_2_1),
             **plain_old,
         ),
         Release(
@@ -256,10 +256,10 @@ def _rows() -> tuple[Release, ...]:
             **packed,
             **fixed,
             rotation=NEW_TENSOR,
-            pins=(*tf_5_12, *xgrammar),
+            pins=(*tf_5_12, *xg_0_2_1),
             **plain_old,
         ),
-        Release("0.5.20", **packed, **fixed, rotation=NEW_TENSOR_MM, pins=xgrammar, **plain_old),
+        Release("0.5.20", **packed, **fixed, rotation=NEW_TENSOR_MM, pins=xg_0_2_1, **plain_old),
         Release("0.5.21", **latest, **fixed, rotation=NEW_TENSOR_MM, pins=xg_0_2_7, **plain),
         Release("0.5.22", **latest, **fixed, rotation=NEW_TENSOR_MM, pins=xg_0_2_7, **plain),
         Release(
